@@ -1,0 +1,28 @@
+"""``train_step`` for the TensorFlow backend (also under MirroredStrategy / TPUStrategy)."""
+
+import tensorflow as tf
+
+
+class TensorFlowTrainStep:
+    """Mixin: GradientTape step. Expects the host class to define ``compute_objective``,
+    ``update_target`` and ``update_metrics``."""
+
+    def train_step(self, data):
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        variables = self.trainable_variables
+        with tf.GradientTape() as tape:
+            loss, logs = self.compute_objective(data, training=True)
+            # Every replica computes the same global loss from gathered embeddings, and Keras sums
+            # gradients across replicas (STACK.md): divide once so updates equal one device's.
+            scaled = self.optimizer.scale_loss(loss / replicas)
+        grads = tape.gradient(scaled, variables)
+        self.optimizer.apply(grads, variables)
+        self.update_target()
+        return self.update_metrics(logs)
+
+    def all_gather(self, x):
+        """Concatenates ``x`` from all replicas along the batch axis (identity on one replica)."""
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None or ctx.num_replicas_in_sync == 1:
+            return x
+        return ctx.all_gather(x, axis=0)
