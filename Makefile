@@ -1,0 +1,38 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum < requirements.txt | cut -d' ' -f1)
+FMNIST := $(HOME)/.keras/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: demo test setup data bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+data: $(FMNIST)
+
+$(FMNIST): | $(STAMP)
+	PYTHON=$(PY) bash scripts/get_fashion_mnist.sh
+
+# Pretrain on Fashion-MNIST on the CPU (quickstart config), print kNN vs the raw-pixel baseline,
+# export the encoder as a SavedModel and reload it in a fresh process.
+demo: $(STAMP) $(FMNIST)
+	$(PY) -m uniclr_tf.train --flagfile=configs/quickstart.flags --run_name=demo
+	$(PY) -m uniclr_tf.export --run_dir=runs/demo --out=runs/demo/export
+	$(PY) -m uniclr_tf.export --check=runs/demo/export --run_dir=runs/demo
+
+test: $(STAMP) $(FMNIST)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP) $(FMNIST)
+	$(PY) -m uniclr_tf.bench --out=benchmarks/cpu.json
+
+clean:
+	rm -rf runs .pytest_cache
