@@ -44,12 +44,17 @@ def _is_views(x):
 
 
 def unpack(data):
-    """Splits a batch into ``(x, labels or None)`` where ``x`` is a tuple of views or an image batch."""
+    """Splits a batch into ``(x, labels or None)`` where ``x`` is a tuple of views or an image batch.
+
+    Accepts what a dataset yields (``views``, ``(views, labels)``, ``images``, ``(images, labels)``
+    or a dict with ``views``/``images`` and ``labels``) and Keras's ``(x, y, sample_weight)`` packing
+    of ``train_on_batch``.
+    """
     if isinstance(data, dict):
         return data.get("views", data.get("images")), data.get("labels")
-    if _is_views(data) and len(data) == 2:
-        first, second = data
-        if _is_views(first) or len(second.shape) == 1:
+    if _is_views(data) and len(data) >= 2:
+        first, second = data[0], data[1]
+        if _is_views(first) or second is None or len(second.shape) == 1:
             return first, second
     return data, None
 
