@@ -13,10 +13,18 @@ from keras import layers
 ENCODERS = ("resnet18", "resnet50", "tiny")
 
 
+def batch_norm(synchronized=False, name=None, **kwargs):
+    """BatchNormalization; ``synchronized`` makes MirroredStrategy match one device (STACK.md).
+
+    Only the TF backend has (and needs) synchronized BN: under JAX ``DataParallel`` the arrays are
+    global, so plain BN already normalises over the whole batch.
+    """
+    synchronized = bool(synchronized) and keras.backend.backend() == "tensorflow"
+    return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, synchronized=synchronized, name=name, **kwargs)
+
+
 def _bn(synchronized, name):
-    # Synchronized BN makes MirroredStrategy match a single device (STACK.md); it is a no-op
-    # outside a tf.distribute strategy and on the JAX backend.
-    return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, synchronized=synchronized, name=name)
+    return batch_norm(synchronized, name)
 
 
 def _basic_block(x, filters, stride, synchronized, name):
@@ -76,7 +84,7 @@ def resnet50(input_shape=(224, 224, 3), synchronized_bn=False, name="resnet50"):
         def clone_fn(layer):
             cfg = layer.get_config()
             if isinstance(layer, layers.BatchNormalization):
-                cfg["synchronized"] = True
+                cfg["synchronized"] = keras.backend.backend() == "tensorflow"
             return layer.__class__.from_config(cfg)
         base = keras.models.clone_model(base, clone_function=clone_fn)
     return keras.Model(base.inputs, base.outputs, name=name)

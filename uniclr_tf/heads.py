@@ -8,6 +8,8 @@ MoCo v3 that the paper stacks on top, Table 1): ``Linear-BN-ReLU`` then a plain 
 import keras
 from keras import layers
 
+from uniclr_tf.encoders import batch_norm
+
 
 def mlp_head(input_dim, dims, last_bn=True, synchronized_bn=False, name="head"):
     """A functional MLP ``[B, input_dim] -> [B, dims[-1]]``.
@@ -22,14 +24,12 @@ def mlp_head(input_dim, dims, last_bn=True, synchronized_bn=False, name="head"):
     x = inputs
     for i, d in enumerate(dims[:-1]):
         x = layers.Dense(d, use_bias=False, name=f"{name}_dense{i + 1}")(x)
-        x = layers.BatchNormalization(momentum=0.9, epsilon=1e-5, synchronized=synchronized_bn,
-                                      name=f"{name}_bn{i + 1}")(x)
+        x = batch_norm(synchronized_bn, name=f"{name}_bn{i + 1}")(x)
         x = layers.ReLU(name=f"{name}_relu{i + 1}")(x)
     last = len(dims)
     x = layers.Dense(dims[-1], use_bias=not last_bn, name=f"{name}_dense{last}")(x)
     if last_bn:
-        x = layers.BatchNormalization(momentum=0.9, epsilon=1e-5, center=False, scale=False,
-                                      synchronized=synchronized_bn, name=f"{name}_bn{last}")(x)
+        x = batch_norm(synchronized_bn, name=f"{name}_bn{last}", center=False, scale=False)(x)
     return keras.Model(inputs, x, name=name)
 
 
