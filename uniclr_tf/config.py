@@ -26,7 +26,7 @@ class TrainConfig:
     data_dir: str = ""
     image_size: int = 0  # 0: the dataset's own size
     skip_bad_files: bool = False
-    max_train_examples: int = 0  # 0: all
+    max_examples: int = 0  # 0: all
     # network
     encoder: str = "resnet18"
     encoder_width: int = 0  # 0: the architecture's default
@@ -114,7 +114,7 @@ class TrainConfig:
         check(self.knn_max_train >= 0, "knn_max_train", "an integer >= 0")
         check(self.steps_per_execution >= 1, "steps_per_execution", "an integer >= 1")
         check(self.strategy != "tpu" or bool(self.tpu), "tpu", "a TPU name or address with --strategy=tpu")
-        check(self.max_train_examples >= 0, "max_train_examples", "an integer >= 0")
+        check(self.max_examples >= 0, "max_examples", "an integer >= 0")
 
     def to_flagfile(self):
         """The resolved flags, one ``--name=value`` a line: replaying them repeats the run."""

@@ -24,7 +24,7 @@ HELP = {
     "data_dir": "TFDS data_dir (tfds: datasets only).",
     "image_size": "Resize images to this square size; 0 keeps the dataset's size.",
     "skip_bad_files": "folder: datasets: skip (and count) unreadable images instead of stopping.",
-    "max_train_examples": "Use only the first N training images (0: all).",
+    "max_examples": "Use only the first N images of each split (0: all); for smoke tests.",
     "encoder": "Backbone architecture.",
     "encoder_width": "Base width of resnet18/tiny (0: 64 for resnet18, 16 for tiny).",
     "projector_dims": "Projector layer sizes, e.g. 2048,2048,256 (CIFAR) or 2048,2048,2048 (ImageNet).",
@@ -173,13 +173,13 @@ def run(cfg):
         f.write(cfg.to_json())
 
     info = data.load_dataset(cfg.dataset, image_size=cfg.image_size or None, data_dir=cfg.data_dir or None,
-                             skip_bad_files=cfg.skip_bad_files, max_examples=cfg.max_train_examples or None)
+                             skip_bad_files=cfg.skip_bad_files, max_examples=cfg.max_examples or None)
     size = cfg.image_size or info.image_shape[0]
     with open(os.path.join(run_dir, "dataset.json"), "w") as f:
         json.dump({"dataset": cfg.dataset, "image_shape": [size, size, info.image_shape[-1]],
                    "num_classes": info.num_classes, "mean": list(map(float, info.mean)),
                    "std": list(map(float, info.std)), "num_train": info.num_train}, f, indent=2)
-    num_train = min(info.num_train, cfg.max_train_examples or info.num_train)
+    num_train = min(info.num_train, cfg.max_examples or info.num_train)
     steps_per_epoch = cfg.steps_per_epoch or max(num_train // cfg.batch_size, 1)
     cfg = dataclasses.replace(cfg, steps_per_epoch=steps_per_epoch)
 
