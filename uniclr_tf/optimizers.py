@@ -1,0 +1,219 @@
+"""LARS (layer-wise adaptive rate scaling) as a Keras 3 optimizer, written in ``keras.ops``.
+
+The rule is the one of SimCLR (google-research/simclr, ``tf2/lars_optimizer.py``) and BYOL, which
+UniCLR trains with (paper §4.1: momentum 0.9, weight decay 1e-6, trust coefficient η = 0.001, biases
+and batch-norm parameters excluded from decay and adaptation). For a parameter ``w`` with gradient
+``g``, learning rate ``lr`` and momentum buffer ``v``::
+
+    g ← g + wd·w                                  (only if w takes weight decay)
+    trust = η·‖w‖ / (‖g‖ + ε)  if ‖w‖ > 0 and ‖g‖ > 0, else 1   (only if w is adapted)
+    v ← momentum·v + lr·trust·g
+    w ← w − v                                     (Nesterov: w ← w − (momentum·v + lr·trust·g))
+
+The decay is added to the gradient once, *before* the trust ratio, so it also enters ``‖g‖``.
+The Keras base optimizer would additionally apply its own decoupled decay (``w ← w − lr·wd·w``)
+whenever its ``weight_decay`` attribute is set; LARS therefore keeps its coefficient in
+``lars_weight_decay`` and hands ``weight_decay=None`` to the base class (see STACK.md).
+"""
+
+import numbers
+import re
+
+import keras
+from keras import ops
+
+
+def _as_patterns(value, arg_name):
+    """Normalises ``None`` / a string / a sequence of strings into a tuple of strings."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    try:
+        patterns = tuple(value)
+    except TypeError:
+        raise ValueError(f"`{arg_name}` must be None, a string or a list of strings (name "
+                         f"substrings or regular expressions). Received: {arg_name}={value!r}")
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise ValueError(f"`{arg_name}` must contain only strings (name substrings or "
+                             f"regular expressions). Received: {arg_name}={value!r}")
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ValueError(f"`{arg_name}` holds an invalid regular expression {pattern!r}: {err}")
+    return patterns
+
+
+def variable_name(variable):
+    """The name exclusion patterns are matched against.
+
+    ``variable.path`` (e.g. ``"encoder/conv1/kernel"``) for Keras variables; a raw ``tf.Variable``
+    (what the TF backend hands to ``update_step``) has no ``.path``, so fall back to ``.name``
+    without its ``":0"`` suffix (for a Keras variable's backing ``tf.Variable`` that is the path).
+    """
+    path = getattr(variable, "path", None)
+    if path:
+        return str(path)
+    return re.sub(r":\d+$", "", str(getattr(variable, "name", "")))
+
+
+@keras.saving.register_keras_serializable(package="uniclr_tf")
+class LARS(keras.optimizers.Optimizer):
+    """LARS with momentum, as in SimCLR and BYOL (decay folded into the gradient).
+
+    Args:
+        learning_rate: float, or a ``LearningRateSchedule`` (e.g.
+            ``uniclr_tf.schedules.WarmupCosine``), or a callable.
+        momentum: float in [0, 1]. 0 disables the momentum buffer (no slot variables).
+        weight_decay: float >= 0, the L2 coefficient added to the gradient (``g + wd·w``) of every
+            parameter not excluded. Not the Keras base optimizer's decoupled decay: that one stays
+            off (``self.weight_decay is None``); the coefficient lives in ``lars_weight_decay``.
+        eta: float > 0, the trust coefficient η.
+        epsilon: float >= 0 added to ``‖g‖`` in the trust ratio (0, as SimCLR and BYOL).
+        nesterov: bool, Nesterov momentum.
+        exclude_from_adaptation: None, a string or a list of strings; parameters whose name
+            matches one of them (``re.search`` on ``variable.path``, or on ``.name`` for raw
+            ``tf.Variable``s) keep a trust ratio of 1. Plain substrings such as ``"bias"`` work.
+        exclude_from_weight_decay: same form; matching parameters take no weight decay.
+        exclude_vectors: bool, default True: parameters with at most one dimension (biases,
+            batch-norm γ/β) are excluded from both decay and adaptation, as in BYOL and the paper.
+        name: optimizer name.
+        **kwargs: the Keras base optimizer's keywords (``clipnorm``, ``global_clipnorm``,
+            ``use_ema``, ``loss_scale_factor``, ``gradient_accumulation_steps``, ...).
+
+    Exclusions are resolved once, in ``build()``, where the optimizer sees the model's Keras
+    variables with their paths; ``update_step`` then looks the decision up by variable index, so it
+    also holds on the TF backend, whose ``update_step`` receives raw ``tf.Variable``s.
+    Sparse gradients (``tf.IndexedSlices``) are densified: the trust ratio needs the full norm.
+    """
+
+    def __init__(self, learning_rate, momentum=0.9, weight_decay=1e-6, eta=0.001,
+                 epsilon=0.0, nesterov=False, exclude_from_adaptation=None,
+                 exclude_from_weight_decay=None, exclude_vectors=True, name="lars", **kwargs):
+        # Never forward LARS's decay to the base class: it would apply a second, decoupled decay.
+        super().__init__(learning_rate=learning_rate, weight_decay=None, name=name, **kwargs)
+        self.momentum = self._check_float("momentum", momentum, 0.0, 1.0)
+        self.lars_weight_decay = self._check_float("weight_decay", weight_decay, 0.0, None)
+        self.eta = self._check_float("eta", eta, 0.0, None, strict_low=True)
+        self.epsilon = self._check_float("epsilon", epsilon, 0.0, None)
+        if not isinstance(nesterov, bool):
+            raise ValueError(f"`nesterov` must be a bool. Received: nesterov={nesterov!r}")
+        self.nesterov = nesterov
+        if not isinstance(exclude_vectors, bool):
+            raise ValueError(
+                f"`exclude_vectors` must be a bool. Received: exclude_vectors={exclude_vectors!r}")
+        self.exclude_vectors = exclude_vectors
+        self.exclude_from_adaptation_patterns = _as_patterns(
+            exclude_from_adaptation, "exclude_from_adaptation")
+        self.exclude_from_weight_decay_patterns = _as_patterns(
+            exclude_from_weight_decay, "exclude_from_weight_decay")
+        self._excluded_from_decay_keys = set()  # from exclude_from_weight_decay(var_list=...)
+        self._decay_flags = []
+        self._adapt_flags = []
+
+    @staticmethod
+    def _check_float(arg, value, low, high, strict_low=False):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"`{arg}` must be a float. Received: {arg}={value!r}")
+        value = float(value)
+        too_low = value <= low if strict_low else value < low
+        if too_low or (high is not None and value > high) or value != value:
+            bounds = f"{'>' if strict_low else '>='} {low}" + (
+                f" and <= {high}" if high is not None else "")
+            raise ValueError(f"`{arg}` must be {bounds}. Received: {arg}={value!r}")
+        return value
+
+    # --- exclusion rules -------------------------------------------------------------------
+
+    def exclude_from_weight_decay(self, var_list=None, var_names=None):
+        """Keras's API for exclusions, mapped onto LARS's own decay (call before ``build``)."""
+        if self.built:
+            raise ValueError("`exclude_from_weight_decay()` can only be configured before the "
+                             "optimizer is built.")
+        if var_list:
+            self._excluded_from_decay_keys.update(self._var_key(v) for v in var_list)
+        if var_names:
+            self.exclude_from_weight_decay_patterns += _as_patterns(var_names, "var_names")
+
+    def _matches(self, variable, patterns):
+        name = variable_name(variable)
+        return any(re.search(p, name) for p in patterns)
+
+    def uses_weight_decay(self, variable):
+        """Whether ``variable`` takes the ``g + wd·w`` term (static, per variable)."""
+        if self.lars_weight_decay == 0.0:
+            return False
+        if self.exclude_vectors and len(variable.shape) <= 1:
+            return False
+        if self._var_key(variable) in self._excluded_from_decay_keys:
+            return False
+        return not self._matches(variable, self.exclude_from_weight_decay_patterns)
+
+    def uses_adaptation(self, variable):
+        """Whether ``variable``'s step is scaled by the trust ratio (static, per variable)."""
+        if self.exclude_vectors and len(variable.shape) <= 1:
+            return False
+        return not self._matches(variable, self.exclude_from_adaptation_patterns)
+
+    # --- Keras optimizer protocol ----------------------------------------------------------
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        # Resolved here, while the variables still carry their Keras paths.
+        self._decay_flags = [self.uses_weight_decay(v) for v in variables]
+        self._adapt_flags = [self.uses_adaptation(v) for v in variables]
+        self.momentums = []
+        if self.momentum != 0.0:
+            self.momentums = self.add_optimizer_variables(variables, "momentum")
+
+    def update_step(self, gradient, variable, learning_rate):
+        index = self._get_variable_index(variable)
+        dtype = variable.dtype
+        lr = ops.cast(learning_rate, dtype)
+        grad = ops.cast(ops.convert_to_tensor(gradient), dtype)
+        w = ops.convert_to_tensor(variable)
+
+        if self._decay_flags[index]:
+            grad = ops.add(grad, ops.multiply(ops.cast(self.lars_weight_decay, dtype), w))
+
+        if self._adapt_flags[index]:
+            w_norm = ops.sqrt(ops.sum(ops.square(w)))
+            g_norm = ops.sqrt(ops.sum(ops.square(grad)))
+            both_positive = ops.logical_and(ops.greater(w_norm, 0), ops.greater(g_norm, 0))
+            safe_denominator = ops.where(both_positive, g_norm + ops.cast(self.epsilon, dtype),
+                                         ops.ones_like(g_norm))
+            trust = ops.where(
+                both_positive,
+                ops.cast(self.eta, dtype) * w_norm / safe_denominator,
+                ops.ones_like(w_norm))
+            lr = lr * trust
+
+        scaled_grad = ops.multiply(grad, lr)
+        if self.momentum == 0.0:
+            self.assign_sub(variable, scaled_grad)
+            return
+        v = self.momentums[index]
+        momentum = ops.cast(self.momentum, dtype)
+        new_v = ops.add(ops.multiply(v, momentum), scaled_grad)
+        self.assign(v, new_v)
+        if self.nesterov:
+            self.assign_sub(variable, ops.add(ops.multiply(new_v, momentum), scaled_grad))
+        else:
+            self.assign_sub(variable, new_v)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "momentum": self.momentum,
+            "weight_decay": self.lars_weight_decay,  # LARS's own; the base one is always None
+            "eta": self.eta,
+            "epsilon": self.epsilon,
+            "nesterov": self.nesterov,
+            "exclude_from_adaptation": list(self.exclude_from_adaptation_patterns),
+            "exclude_from_weight_decay": list(self.exclude_from_weight_decay_patterns),
+            "exclude_vectors": self.exclude_vectors,
+        })
+        return config
