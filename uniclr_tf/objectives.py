@@ -1,0 +1,253 @@
+"""UniCLR objectives: SimAffinity, SimWhitening, SimTrace and the symmetric loss (arXiv 2211.14516).
+
+Every function here is a pure ``keras.ops`` function (TensorFlow and JAX backends). Rows are
+samples: ``z1`` and ``z2`` are the ``[N, D]`` embeddings of two views of the same batch (the paper
+writes ``Z ∈ R^{D×N}``; formulas here are the paper's, transposed). ``n(·)`` is ℓ2 normalisation
+of each row.
+
+=============  ======================================================================  ==========
+name           definition                                                              paper
+=============  ======================================================================  ==========
+affinity       ``A = n(z1) n(z2)ᵀ / τ``                                                Eq. 1
+symmetry       ``‖A − Aᵀ‖_F`` (Frobenius norm, not squared)                            Eq. 5
+SimAffinity    ``mean_i CE(A_i, i) + γ‖A − Aᵀ‖_F``                                     Eq. 1, 5, 6
+SimWhitening   SimAffinity on ``n(w(z1)), n(w(z2))`` (whiten, ℓ2, then τ and γ)        Eq. 2, 6
+SimTrace       ``−(1/N) tr((z1 − μ) Σ⁻¹ (z2 − μ)ᵀ) = −(1/N) Σ_i w(z1)_i · w(z2)_i``      Eq. 3, 4
+=============  ======================================================================  ==========
+
+Losses return scalars that are means over this call's rows (a per-replica mean: a distributed
+``train_step`` divides by the replica count itself), in float32, or float64 for float64 inputs;
+bfloat16 / float16 inputs are upcast to float32 before any arithmetic.
+
+The authors' public code differs from the paper in a few places; each difference is a keyword
+option that defaults to the paper: ``mode="one_sided"`` (SimWhitening), ``stop_gradient_cov``
+(whitening-based losses), ``symmetric_directions`` (cross-entropy losses).
+"""
+
+from keras import ops
+
+from uniclr_tf.whitening import as_dtype
+from uniclr_tf.whitening import check_embedding
+from uniclr_tf.whitening import check_embedding_pair
+from uniclr_tf.whitening import compute_dtype
+from uniclr_tf.whitening import static_shape
+from uniclr_tf.whitening import whiten
+
+__all__ = [
+    "LOSSES",
+    "affinity_matrix",
+    "embedding_std",
+    "get_objective",
+    "l2_normalize",
+    "sim_affinity_loss",
+    "sim_trace_loss",
+    "sim_whitening_loss",
+    "symmetry_loss",
+    "whiten",
+]
+
+WHITENING_MODES = ("cholesky", "one_sided")
+_L2_EPS = 1e-12  # as torch.nn.functional.normalize
+
+
+def _check_positive(value, name):
+    if isinstance(value, (int, float)) and not value > 0:
+        raise ValueError(f"`{name}` must be > 0; received {name}={value!r}")
+
+
+def _check_non_negative(value, name):
+    if isinstance(value, (int, float)) and not value >= 0:
+        raise ValueError(f"`{name}` must be >= 0; received {name}={value!r}")
+
+
+def l2_normalize(z):
+    """``n(z)``: each row divided by its ℓ2 norm (rows of norm < 1e-12 are divided by 1e-12)."""
+    sq = ops.sum(ops.square(z), axis=-1, keepdims=True)
+    return z * ops.rsqrt(ops.maximum(sq, ops.cast(_L2_EPS**2, z.dtype)))
+
+
+def _frobenius(x):
+    """``‖x‖_F`` with a zero (sub)gradient at ``x = 0`` instead of NaN (sqrt'(0) = ∞ times 0)."""
+    sq = ops.sum(ops.square(x))
+    positive = sq > 0
+    safe = ops.where(positive, sq, ops.ones_like(sq))
+    return ops.where(positive, ops.sqrt(safe), ops.zeros_like(sq))
+
+
+def _cross_entropy_diagonal(a):
+    """Mean over rows of the cross-entropy of logits ``a`` [N, N] with targets ``0..N−1``."""
+    return ops.mean(ops.logsumexp(a, axis=1) - ops.diagonal(a))
+
+
+def _affinity_objective(a, gamma, symmetric_directions):
+    """``CE_rows(A) + γ‖A − Aᵀ‖_F``; with ``symmetric_directions``, CE averaged over ``A`` and ``Aᵀ``.
+
+    For two views of one batch ``A(z2, z1) = A(z1, z2)ᵀ``, so the reverse direction ``L(z2, z1)`` is
+    the row-wise CE of ``Aᵀ`` and the symmetric term is the same in both directions.
+    """
+    ce = _cross_entropy_diagonal(a)
+    if symmetric_directions:
+        ce = 0.5 * (ce + _cross_entropy_diagonal(ops.transpose(a)))
+    return ce + as_dtype(gamma, a.dtype) * symmetry_loss(a)
+
+
+def affinity_matrix(z1, z2, temperature=1.0):
+    """Affinity matrix ``A = n(z1) n(z2)ᵀ / τ`` of two views (UniCLR Eq. 1).
+
+    Rows are samples: ``z1``, ``z2`` are ``[N, D]``; ``A[i, j]`` is the cosine similarity of sample
+    ``i`` of view 1 and sample ``j`` of view 2 divided by ``τ``; positives lie on the diagonal.
+
+    Args:
+        z1, z2: ``[N, D]`` embeddings, same shape.
+        temperature: ``τ > 0``.
+
+    Returns:
+        ``[N, N]`` tensor, float32 (float64 for float64 inputs).
+    """
+    _check_positive(temperature, "temperature")
+    z1, z2, dtype = check_embedding_pair(z1, z2)
+    a = ops.matmul(l2_normalize(z1), ops.transpose(l2_normalize(z2)))
+    return a / as_dtype(temperature, dtype)
+
+
+def symmetry_loss(a):
+    """Symmetric loss ``‖A − Aᵀ‖_F`` (UniCLR Eq. 5), the Frobenius norm, not squared.
+
+    ``A`` is an ``[N, N]`` affinity matrix (rows are samples of view 1, columns of view 2), plain or
+    whitened. The (sub)gradient at a symmetric ``A`` is 0, not NaN.
+
+    Returns:
+        Scalar, float32 (float64 for a float64 ``A``).
+    """
+    a = check_embedding(a, "a")
+    shape = static_shape(a)
+    if shape is not None and None not in shape and shape[0] != shape[1]:
+        raise ValueError(f"`a` must be a square [N, N] affinity matrix; received a.shape={shape}")
+    a = ops.cast(a, compute_dtype(a))
+    return _frobenius(a - ops.transpose(a))
+
+
+def sim_affinity_loss(z1, z2, temperature=0.5, gamma=0.01, symmetric_directions=False):
+    """SimAffinity: ``mean_i CE(A_i, i) + γ‖A − Aᵀ‖_F`` with ``A = n(z1) n(z2)ᵀ / τ`` (UniCLR Eq. 1, 5, 6).
+
+    Rows are samples: ``z1``, ``z2`` are ``[N, D]``; the target of row ``i`` is column ``i`` (its
+    positive); the other ``N − 1`` columns are its negatives. The symmetric term is taken on the
+    τ-scaled ``A``, as in the paper's pseudocode (Alg. 1). Paper defaults: τ = 0.5, γ = 0.01.
+
+    Args:
+        z1, z2: ``[N, D]`` embeddings of the two views, same shape.
+        temperature: ``τ > 0``.
+        gamma: weight ``γ ≥ 0`` of the symmetric loss.
+        symmetric_directions: if True, average the CE of both directions ``L(z1, z2)`` and
+            ``L(z2, z1)`` (the authors' code sums them); default False (the paper).
+
+    Returns:
+        Scalar mean over the ``N`` rows, float32 (float64 for float64 inputs).
+    """
+    _check_non_negative(gamma, "gamma")
+    a = affinity_matrix(z1, z2, temperature=temperature)
+    return _affinity_objective(a, gamma, symmetric_directions)
+
+
+def sim_whitening_loss(z1, z2, temperature=1.0, gamma=0.01, eps=1e-4, mode="cholesky",
+                       stop_gradient_cov=False, symmetric_directions=False, one_sided_ridge=0.01):
+    """SimWhitening: SimAffinity on Cholesky-whitened, then ℓ2-normalised views (UniCLR Eq. 2, 6, §3.2).
+
+    Rows are samples: ``z1``, ``z2`` are ``[N, D]``. ``mode="cholesky"`` (the paper)::
+
+        w1, w2 = whiten(z1, z2, eps)            # joint μ, Σ = L Lᵀ; w = (z − μ) L⁻ᵀ
+        A = n(w1) n(w2)ᵀ / τ
+        loss = mean_i CE(A_i, i) + γ‖A − Aᵀ‖_F
+
+    ``mode="one_sided"`` (the authors' code): no ℓ2 re-normalisation, the bilinear form scaled by
+    the batch size, with the authors' ridge ``one_sided_ridge`` (0.01) in place of ``eps``::
+
+        A = (z1 − μ)(Σ₀ + 0.01·I)⁻¹(z2 − μ)ᵀ / N / τ      # Σ₀ the plain joint covariance
+
+    computed as ``w1 w2ᵀ / N / τ`` through the Cholesky factor (never an explicit inverse), then the
+    same CE + γ‖A − Aᵀ‖_F. In ``"cholesky"`` mode it needs ``2N > D``: with ``2N ≤ D`` and a small
+    ε the whitened rows are mutually orthogonal, ``A`` is constant and the loss ≈ log N (flat).
+
+    Args:
+        z1, z2: ``[N, D]`` embeddings of the two views, same shape.
+        temperature: ``τ > 0`` (1.0, i.e. none, for the paper's headline SimWhitening row).
+        gamma: weight ``γ ≥ 0`` of the symmetric loss.
+        eps: ridge ``ε`` added to ``Σ`` in ``mode="cholesky"``.
+        mode: ``"cholesky"`` (default) or ``"one_sided"``.
+        stop_gradient_cov: stop the gradient through ``μ`` and ``Σ`` (not through ``z``).
+        symmetric_directions: average the CE of both directions (see :func:`sim_affinity_loss`).
+        one_sided_ridge: the ridge of ``mode="one_sided"`` (ignored in ``"cholesky"`` mode).
+
+    Returns:
+        Scalar mean over the ``N`` rows, float32 (float64 for float64 inputs).
+    """
+    _check_positive(temperature, "temperature")
+    _check_non_negative(gamma, "gamma")
+    if mode not in WHITENING_MODES:
+        raise ValueError(f"`mode` must be one of {WHITENING_MODES}; received mode={mode!r}")
+    if mode == "cholesky":
+        _check_positive(eps, "eps")
+        w1, w2 = whiten(z1, z2, eps=eps, stop_gradient_cov=stop_gradient_cov)
+        a = affinity_matrix(w1, w2, temperature=temperature)
+    else:
+        _check_positive(one_sided_ridge, "one_sided_ridge")
+        w1, w2 = whiten(z1, z2, eps=one_sided_ridge, stop_gradient_cov=stop_gradient_cov)
+        n = ops.cast(ops.shape(w1)[0], w1.dtype)
+        a = ops.matmul(w1, ops.transpose(w2)) / (n * as_dtype(temperature, w1.dtype))
+    return _affinity_objective(a, gamma, symmetric_directions)
+
+
+def sim_trace_loss(z1, z2, eps=1e-4, stop_gradient_cov=False):
+    """SimTrace: ``−(1/N) tr((z1 − μ) Σ⁻¹ (z2 − μ)ᵀ)`` (UniCLR Eq. 3, 4).
+
+    Rows are samples: ``z1``, ``z2`` are ``[N, D]``; ``μ``, ``Σ`` are the joint statistics of both
+    views (see :func:`whiten`). ``Σ⁻¹`` is applied through its Cholesky factor, as
+    ``−(1/N) Σ_i w(z1)_i · w(z2)_i`` with ``w(z) = (z − μ) L⁻ᵀ``: no explicit inverse, no square root,
+    no ℓ2 normalisation, no temperature, no symmetric term. By Proposition 1 (App. B) this equals
+    ``−(1/N) tr(Σ⁻¹ (z2 − μ)ᵀ(z1 − μ))``. The trace is symmetric in the two views, so no
+    two-direction option is needed. Bounded below by about ``−D``, reached at ``z1 == z2``
+    (``−Σ_k λ_k / (λ_k + ε)``). Needs ``2N > D``: with ``2N ≤ D`` and a small ε, distinct views give
+    ≈ +1 whatever the data (flat loss, no learning signal; see :mod:`uniclr_tf.whitening`).
+
+    Args:
+        z1, z2: ``[N, D]`` embeddings of the two views, same shape.
+        eps: ridge ``ε`` added to ``Σ``.
+        stop_gradient_cov: stop the gradient through ``μ`` and ``Σ`` (the authors' code detaches
+            the covariance; the paper's point, App. B, is that it need not).
+
+    Returns:
+        Scalar (a mean over the ``N`` rows), float32 (float64 for float64 inputs).
+    """
+    _check_positive(eps, "eps")
+    w1, w2 = whiten(z1, z2, eps=eps, stop_gradient_cov=stop_gradient_cov)
+    return -ops.mean(ops.sum(w1 * w2, axis=1))
+
+
+def embedding_std(z):
+    """Collapse diagnostic: mean over dimensions of the per-dimension std of ``n(z)``.
+
+    Rows are samples (``z`` is ``[N, D]``). About ``1/sqrt(D)`` for healthy (spread-out) embeddings,
+    0 when all rows collapse to one direction. Not a loss; no paper equation (it is the usual
+    SimSiam-style monitor).
+
+    Returns:
+        Scalar, float32 (float64 for float64 inputs).
+    """
+    z = check_embedding(z, "z")
+    z = ops.cast(z, compute_dtype(z))
+    return ops.mean(ops.std(l2_normalize(z), axis=0))
+
+
+LOSSES = {
+    "simaffinity": sim_affinity_loss,
+    "simwhitening": sim_whitening_loss,
+    "simtrace": sim_trace_loss,
+}
+
+
+def get_objective(name):
+    """The loss function registered as ``name`` (case-insensitive) in :data:`LOSSES`."""
+    key = name.lower() if isinstance(name, str) else name
+    if key not in LOSSES:
+        raise ValueError(f"Unknown objective {name!r}; valid names: {sorted(LOSSES)}")
+    return LOSSES[key]
