@@ -144,7 +144,9 @@ def build_optimizer(cfg, steps_per_epoch):
     schedule = WarmupCosine(cfg.base_learning_rate, cfg.batch_size, total_steps=total,
                             warmup_steps=int(round(cfg.warmup_epochs * steps_per_epoch)))
     if cfg.optimizer == "lars":
-        return LARS(schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        # The online probe is a plain linear classifier: no trust ratio, no decay (as solo-learn).
+        return LARS(schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                    exclude_from_adaptation=["linear_probe"], exclude_from_weight_decay=["linear_probe"])
     if cfg.optimizer == "sgd":
         return keras.optimizers.SGD(schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay or None)
     return keras.optimizers.AdamW(schedule, weight_decay=cfg.weight_decay)
@@ -240,11 +242,16 @@ def run(cfg):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    from uniclr_tf.data import DataError
     try:
         cfg = config_from_flags()
-    except ValueError as e:
+        run(cfg)
+    except DataError as e:  # bad data: one line naming the culprit, no traceback
         sys.exit(f"error: {e}")
-    run(cfg)
+    except ValueError as e:
+        if "cfg" in locals():
+            raise
+        sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
