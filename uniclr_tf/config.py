@@ -79,6 +79,8 @@ class TrainConfig:
             if not ok:
                 raise ValueError(f"--{field}: expected {expected}; received {getattr(self, field)!r}")
 
+        check(self.dataset == "fashion_mnist" or self.dataset.startswith(("tfds:", "folder:")), "dataset",
+              "fashion_mnist, tfds:NAME[:SPLIT] or folder:PATH")
         check(self.objective in OBJECTIVES, "objective", f"one of {OBJECTIVES}")
         check(self.encoder in ENCODERS, "encoder", f"one of {ENCODERS}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
