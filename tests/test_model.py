@@ -38,8 +38,13 @@ def test_compute_objective_is_the_objective_of_the_two_views(objective):
     z2 = model.projector(model.encoder(v[1]))
     kwargs = {"simaffinity": dict(temperature=0.5, gamma=0.01), "simwhitening": dict(temperature=1.0, gamma=0.01, eps=1e-4),
               "simtrace": dict(eps=1e-4)}[objective]
-    expected = objectives.get_objective(objective)(z1, z2, **kwargs)
+    expected, terms = objectives.get_objective(objective)(z1, z2, return_terms=True, **kwargs)
     np.testing.assert_allclose(float(loss), float(expected), rtol=1e-5, atol=1e-6)
+    assert set(terms) <= set(logs)
+    for name, value in terms.items():
+        np.testing.assert_allclose(float(logs[name]), float(value), rtol=1e-5, atol=1e-6)
+    if objective != "simtrace":
+        np.testing.assert_allclose(float(logs["cross_entropy"]) + 0.01 * float(logs["symmetry"]), float(loss), rtol=1e-5)
     assert float(logs["embedding_std"]) > 0
 
 
@@ -106,7 +111,8 @@ def test_fit_reports_terms_and_probe():
     labels = np.arange(16) % 3
     ds = tf.data.Dataset.from_tensors((views(local=1), labels)).repeat()
     hist = model.fit(ds, epochs=2, steps_per_epoch=2, verbose=0).history
-    for key in ("loss", "objective_loss", "embedding_std", "probe_loss", "probe_accuracy", "ema_momentum"):
+    for key in ("loss", "objective_loss", "cross_entropy", "symmetry", "embedding_std", "probe_loss",
+                "probe_accuracy", "ema_momentum"):
         assert key in hist and np.all(np.isfinite(hist[key])), key
     assert hist["ema_momentum"][0] >= 0.99
 

@@ -496,3 +496,15 @@ def test_jax_backend_matches_tensorflow(run_python):
     g_tf = tape_grads(obj.sim_trace_loss, z1, z2)[: z1.size].reshape(z1.shape)
     np.testing.assert_allclose(np.array(out["simtrace_grad"]), g_tf, rtol=1e-4,
                                atol=1e-5 * np.abs(g_tf).max())
+
+
+def test_return_terms_decompose_the_loss():
+    rng = np.random.default_rng(11)
+    z1, z2 = (rng.normal(size=(32, 8)).astype("float32") for _ in range(2))
+    for fn, kwargs in ((obj.sim_affinity_loss, dict(gamma=0.3)), (obj.sim_whitening_loss, dict(gamma=0.3))):
+        loss, terms = fn(z1, z2, return_terms=True, **kwargs)
+        np.testing.assert_allclose(float(loss), float(fn(z1, z2, **kwargs)), rtol=1e-6)
+        np.testing.assert_allclose(float(terms["cross_entropy"]) + 0.3 * float(terms["symmetry"]), float(loss), rtol=1e-5)
+        assert float(terms["symmetry"]) > 0
+    loss, terms = obj.sim_trace_loss(z1, z2, return_terms=True)
+    np.testing.assert_allclose(float(terms["trace"]), float(loss))

@@ -124,6 +124,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         else:
             self.probe = None
         names = ["loss", "objective_loss", "embedding_std"]
+        names += ["trace"] if objective == "simtrace" else ["cross_entropy", "symmetry"]
         if self.ema_momentum is not None:
             names.append("ema_momentum")
         if num_classes:
@@ -180,7 +181,9 @@ class UniCLR(train_step_mixin(), keras.Model):
 
     def compute_objective(self, data, training=True):
         """Returns ``(total loss, logs)`` for one batch: the objective averaged over view pairs,
-        plus the online probe's cross-entropy when labels are given."""
+        plus the online probe's cross-entropy when labels are given. ``logs`` holds every term
+        (``cross_entropy`` and the unweighted ``symmetry`` ‖A − Aᵀ‖_F, or ``trace``), the collapse
+        diagnostic ``embedding_std`` (std of ℓ2-normalised online embeddings) and the probe's."""
         x, labels = unpack(data)
         if not _is_views(x):
             if self.augmenter is None:
@@ -195,9 +198,12 @@ class UniCLR(train_step_mixin(), keras.Model):
         target = [self.all_gather(t) for t in target]
         kwargs = self._objective_kwargs()
         pairs = self.view_pairs(len(views))
-        loss = ops.mean(ops.stack([self._loss_fn(online[i], target[j], **kwargs) for i, j in pairs]))
+        results = [self._loss_fn(online[i], target[j], return_terms=True, **kwargs) for i, j in pairs]
+        loss = ops.mean(ops.stack([r[0] for r in results]))
         logs = {"objective_loss": loss,
                 "embedding_std": objectives.embedding_std(ops.cast(online[0], "float32"))}
+        for term in results[0][1]:
+            logs[term] = ops.mean(ops.stack([r[1][term] for r in results]))
         total = loss
         if self.probe is not None and labels is not None:
             logits = ops.cast(self.probe(ops.stop_gradient(features[0])), "float32")

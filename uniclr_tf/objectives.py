@@ -79,7 +79,7 @@ def _cross_entropy_diagonal(a):
     return ops.mean(ops.logsumexp(a, axis=1) - ops.diagonal(a))
 
 
-def _affinity_objective(a, gamma, symmetric_directions):
+def _affinity_objective(a, gamma, symmetric_directions, return_terms=False):
     """``CE_rows(A) + γ‖A − Aᵀ‖_F``; with ``symmetric_directions``, CE averaged over ``A`` and ``Aᵀ``.
 
     For two views of one batch ``A(z2, z1) = A(z1, z2)ᵀ``, so the reverse direction ``L(z2, z1)`` is
@@ -88,7 +88,9 @@ def _affinity_objective(a, gamma, symmetric_directions):
     ce = _cross_entropy_diagonal(a)
     if symmetric_directions:
         ce = 0.5 * (ce + _cross_entropy_diagonal(ops.transpose(a)))
-    return ce + as_dtype(gamma, a.dtype) * symmetry_loss(a)
+    symmetry = symmetry_loss(a)
+    loss = ce + as_dtype(gamma, a.dtype) * symmetry
+    return (loss, {"cross_entropy": ce, "symmetry": symmetry}) if return_terms else loss
 
 
 def affinity_matrix(z1, z2, temperature=1.0):
@@ -127,7 +129,7 @@ def symmetry_loss(a):
     return _frobenius(a - ops.transpose(a))
 
 
-def sim_affinity_loss(z1, z2, temperature=0.5, gamma=0.01, symmetric_directions=False):
+def sim_affinity_loss(z1, z2, temperature=0.5, gamma=0.01, symmetric_directions=False, return_terms=False):
     """SimAffinity: ``mean_i CE(A_i, i) + γ‖A − Aᵀ‖_F`` with ``A = n(z1) n(z2)ᵀ / τ`` (UniCLR Eq. 1, 5, 6).
 
     Rows are samples: ``z1``, ``z2`` are ``[N, D]``; the target of row ``i`` is column ``i`` (its
@@ -140,17 +142,20 @@ def sim_affinity_loss(z1, z2, temperature=0.5, gamma=0.01, symmetric_directions=
         gamma: weight ``γ ≥ 0`` of the symmetric loss.
         symmetric_directions: if True, average the CE of both directions ``L(z1, z2)`` and
             ``L(z2, z1)`` (the authors' code sums them); default False (the paper).
+        return_terms: also return ``{"cross_entropy", "symmetry"}`` (the unweighted ``‖A − Aᵀ‖_F``).
 
     Returns:
-        Scalar mean over the ``N`` rows, float32 (float64 for float64 inputs).
+        Scalar mean over the ``N`` rows, float32 (float64 for float64 inputs); with
+        ``return_terms``, ``(loss, terms)``.
     """
     _check_non_negative(gamma, "gamma")
     a = affinity_matrix(z1, z2, temperature=temperature)
-    return _affinity_objective(a, gamma, symmetric_directions)
+    return _affinity_objective(a, gamma, symmetric_directions, return_terms)
 
 
 def sim_whitening_loss(z1, z2, temperature=1.0, gamma=0.01, eps=1e-4, mode="cholesky",
-                       stop_gradient_cov=False, symmetric_directions=False, one_sided_ridge=0.01):
+                       stop_gradient_cov=False, symmetric_directions=False, one_sided_ridge=0.01,
+                       return_terms=False):
     """SimWhitening: SimAffinity on Cholesky-whitened, then ℓ2-normalised views (UniCLR Eq. 2, 6, §3.2).
 
     Rows are samples: ``z1``, ``z2`` are ``[N, D]``. ``mode="cholesky"`` (the paper)::
@@ -177,6 +182,7 @@ def sim_whitening_loss(z1, z2, temperature=1.0, gamma=0.01, eps=1e-4, mode="chol
         stop_gradient_cov: stop the gradient through ``μ`` and ``Σ`` (not through ``z``).
         symmetric_directions: average the CE of both directions (see :func:`sim_affinity_loss`).
         one_sided_ridge: the ridge of ``mode="one_sided"`` (ignored in ``"cholesky"`` mode).
+        return_terms: also return ``{"cross_entropy", "symmetry"}`` (see :func:`sim_affinity_loss`).
 
     Returns:
         Scalar mean over the ``N`` rows, float32 (float64 for float64 inputs).
@@ -194,10 +200,10 @@ def sim_whitening_loss(z1, z2, temperature=1.0, gamma=0.01, eps=1e-4, mode="chol
         w1, w2 = whiten(z1, z2, eps=one_sided_ridge, stop_gradient_cov=stop_gradient_cov)
         n = ops.cast(ops.shape(w1)[0], w1.dtype)
         a = ops.matmul(w1, ops.transpose(w2)) / (n * as_dtype(temperature, w1.dtype))
-    return _affinity_objective(a, gamma, symmetric_directions)
+    return _affinity_objective(a, gamma, symmetric_directions, return_terms)
 
 
-def sim_trace_loss(z1, z2, eps=1e-4, stop_gradient_cov=False):
+def sim_trace_loss(z1, z2, eps=1e-4, stop_gradient_cov=False, return_terms=False):
     """SimTrace: ``−(1/N) tr((z1 − μ) Σ⁻¹ (z2 − μ)ᵀ)`` (UniCLR Eq. 3, 4).
 
     Rows are samples: ``z1``, ``z2`` are ``[N, D]``; ``μ``, ``Σ`` are the joint statistics of both
@@ -214,13 +220,16 @@ def sim_trace_loss(z1, z2, eps=1e-4, stop_gradient_cov=False):
         eps: ridge ``ε`` added to ``Σ``.
         stop_gradient_cov: stop the gradient through ``μ`` and ``Σ`` (the authors' code detaches
             the covariance; the paper's point, App. B, is that it need not).
+        return_terms: also return ``{"trace": loss}`` (one term; for a uniform interface).
 
     Returns:
-        Scalar (a mean over the ``N`` rows), float32 (float64 for float64 inputs).
+        Scalar (a mean over the ``N`` rows), float32 (float64 for float64 inputs); with
+        ``return_terms``, ``(loss, terms)``.
     """
     _check_positive(eps, "eps")
     w1, w2 = whiten(z1, z2, eps=eps, stop_gradient_cov=stop_gradient_cov)
-    return -ops.mean(ops.sum(w1 * w2, axis=1))
+    loss = -ops.mean(ops.sum(w1 * w2, axis=1))
+    return (loss, {"trace": loss}) if return_terms else loss
 
 
 def embedding_std(z):
