@@ -68,3 +68,6 @@ def test_every_config_field_has_a_flag_and_every_flagfile_parses():
         fv([ "train", f"--flagfile={REPO_ROOT / 'configs' / name}"])
         cfg = train.config_from_flags(fv)
         assert isinstance(cfg, TrainConfig), name
+        if name == "paper/imagenet_simaffinity.flags":  # nested flagfile + overrides resolved
+            assert (cfg.encoder, cfg.num_local_crops, cfg.predictor, cfg.ema_momentum) == ("resnet50", 6, True, 0.99)
+            assert cfg.projector_dims == (2048, 2048, 2048) and cfg.local_scale == (0.05, 0.4)
