@@ -1,0 +1,434 @@
+r"""Export a pretraining run for serving (TF Serving SavedModel) and for fine-tuning (.keras).
+
+    python -m uniclr_tf.export --run_dir=runs/demo --out=runs/demo/export [--version=1]
+    python -m uniclr_tf.export --check=runs/demo/export --run_dir=runs/demo
+
+The SavedModel's ``serving_default`` signature takes ONE input, ``images``: uint8
+``[batch, height, width, C]`` (height and width free; C fixed by the run), and returns
+``features`` (backbone, ``[batch, F]``) and ``embedding`` (projector, ``[batch, D]``), both float32.
+Preprocessing lives inside the model: images of the training size go straight through
+:class:`uniclr_tf.augment.EvalPreprocess` (uint8 → [0, 1] → per-channel mean/std of the run);
+other sizes are first resampled to the training size the way ``EvalPreprocess`` resamples (largest
+central box of the training aspect ratio, antialiased bilinear; see :func:`resample_to`), because
+``EvalPreprocess`` itself needs static spatial sizes. Inference uses the BatchNorm moving statistics
+(``training=False``), so an image's outputs do not depend on the rest of the batch.
+
+The export folder ``--out`` receives::
+
+    saved_model.pb, variables/   the SavedModel (in ``<out>/<version>/`` with ``--version``, the
+                                 numbered layout TF Serving expects; see export/README.md)
+    backbone.keras               the encoder, for fine-tuning (normalised float images → features)
+    export.json                  input spec, output names and sizes, image size, mean/std, source run
+
+Export needs the TensorFlow backend (SavedModel). ``--check`` loads the SavedModel with
+``tf.saved_model.load`` in its own process, runs ``serving_default`` on deterministic uint8 images and
+compares with ``EvalPreprocess`` + ``encoder.keras`` + ``projector.keras`` of the run folder; it exits
+non-zero when a difference exceeds ``--tolerance`` (1e-5; see :func:`check_export`).
+
+Only NumPy is imported at module level: :func:`check_images` serves ``export/client.py`` without
+TensorFlow or Keras.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+SIGNATURE = "serving_default"
+INPUT_NAME = "images"
+OUTPUT_NAMES = ("features", "embedding")
+RUN_FILES = ("encoder.keras", "projector.keras", "dataset.json")
+SAVED_MODEL_FILE = "saved_model.pb"
+BACKBONE_FILE = "backbone.keras"
+EXPORT_JSON = "export.json"
+DEFAULT_TOLERANCE = 1e-5
+
+
+# --------------------------------------------------------------------------------------------
+# Validation (NumPy only)
+# --------------------------------------------------------------------------------------------
+
+
+def check_images(images, channels):
+    """Validates a batch for the ``serving_default`` signature; returns it as a NumPy array.
+
+    Args:
+        images: array-like, uint8 ``[batch, height, width, channels]``.
+        channels: the channel count the model was trained on (1 or 3).
+
+    Raises:
+        ValueError: naming the expected and the received dtype, rank or channel count.
+    """
+    array = np.asarray(images)
+    if array.dtype != np.uint8:
+        raise ValueError(f"images must have dtype uint8 (pixel values 0-255); received dtype "
+                         f"{array.dtype} (convert with np.clip(x, 0, 255).astype(np.uint8))")
+    if array.ndim != 4:
+        hint = " (add a batch axis: images[None])" if array.ndim == 3 else ""
+        raise ValueError(f"images must have rank 4 [batch, height, width, {channels}]; received "
+                         f"rank {array.ndim} with shape {tuple(array.shape)}{hint}")
+    if array.shape[-1] != channels:
+        raise ValueError(f"images must have {channels} channel(s) in the last axis [batch, height, "
+                         f"width, {channels}]; received {array.shape[-1]} (shape {tuple(array.shape)})")
+    if array.shape[1] == 0 or array.shape[2] == 0:
+        raise ValueError(f"images must have a non-zero height and width; received shape {tuple(array.shape)}")
+    return array
+
+
+def check_run_dir(run_dir):
+    """Raises ``FileNotFoundError`` (one line naming the missing file) unless ``run_dir`` is usable."""
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(f"run folder {run_dir!r} does not exist")
+    for name in RUN_FILES:
+        if not os.path.isfile(os.path.join(run_dir, name)):
+            raise FileNotFoundError(f"run folder {run_dir!r} has no {name} (uniclr_tf.train writes "
+                                    f"{', '.join(RUN_FILES)} at the end of a run)")
+
+
+def read_dataset_info(run_dir):
+    """``dataset.json`` of a run, validated: image_shape [H, W, C] and per-channel mean/std."""
+    path = os.path.join(run_dir, "dataset.json")
+    with open(path) as f:
+        info = json.load(f)
+    shape = info.get("image_shape")
+    if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(d, int) and d > 0 for d in shape)):
+        raise ValueError(f"{path}: image_shape must be [H, W, C] of positive ints; received {shape!r}")
+    for key in ("mean", "std"):
+        if not isinstance(info.get(key), list) or len(info[key]) not in (1, shape[-1]):
+            raise ValueError(f"{path}: {key} must be a list of 1 or {shape[-1]} numbers; received {info.get(key)!r}")
+    return info
+
+
+def find_saved_model(export_dir):
+    """The SavedModel folder of an export: the one its ``export.json`` names (the latest export),
+    else ``export_dir`` itself, else its highest numbered version folder."""
+    try:
+        with open(os.path.join(export_dir, EXPORT_JSON)) as f:
+            named = os.path.join(export_dir, json.load(f)["saved_model_dir"])
+        if os.path.isfile(os.path.join(named, SAVED_MODEL_FILE)):
+            return os.path.normpath(named)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if os.path.isfile(os.path.join(export_dir, SAVED_MODEL_FILE)):
+        return export_dir
+    versions = []
+    if os.path.isdir(export_dir):
+        versions = [int(d) for d in os.listdir(export_dir)
+                    if d.isdigit() and os.path.isfile(os.path.join(export_dir, d, SAVED_MODEL_FILE))]
+    if not versions:
+        raise FileNotFoundError(f"{export_dir!r} holds no SavedModel ({SAVED_MODEL_FILE} in it or in "
+                                f"a numbered version folder such as {os.path.join(export_dir, '1')})")
+    return os.path.join(export_dir, str(max(versions)))
+
+
+def require_tensorflow_backend():
+    import keras
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise RuntimeError(f"export writes a TensorFlow SavedModel and needs the TensorFlow backend; "
+                           f"the Keras backend is {backend!r}. Rerun with KERAS_BACKEND=tensorflow "
+                           f"(weights saved under any backend load there).")
+
+
+# --------------------------------------------------------------------------------------------
+# The serving function (TensorFlow)
+# --------------------------------------------------------------------------------------------
+
+
+def _resize_matrix(start, length, in_size, out_size, antialias):
+    """``augment.resize_matrix`` for a dynamic ``in_size`` (scalar box): float32 ``[out, in]``."""
+    import tensorflow as tf
+    i = tf.constant(np.arange(out_size, dtype="float32") + 0.5)
+    j = tf.cast(tf.range(in_size), tf.float32)
+    step = length / float(out_size)
+    centers = start + i * step - 0.5
+    centers = tf.clip_by_value(centers, -0.5, tf.cast(in_size, tf.float32) - 0.5)
+    dist = tf.abs(centers[:, None] - j)
+    if antialias:
+        dist = dist / tf.maximum(step, 1.0)
+    weights = tf.maximum(1.0 - dist, 0.0)
+    return weights / tf.reduce_sum(weights, axis=-1, keepdims=True)
+
+
+def resample_to(images, size, crop_fraction=1.0, antialias=True, input_scale=255.0):
+    """uint8 ``[B, h, w, C]`` of any (dynamic) h, w → float32 ``[B, H, W, C]`` divided by ``input_scale``.
+
+    The same arithmetic as ``EvalPreprocess`` before its normalisation (scale, then the largest
+    central box with the output's aspect ratio, shrunk by ``crop_fraction``, bilinear with
+    antialiasing when shrinking, half-pixel centres, and the same contraction order), written with
+    TensorFlow ops so that h and w may be unknown when the graph is built. Images that already have
+    the output size (and ``crop_fraction == 1``) are only cast and scaled, as ``EvalPreprocess``
+    does. Feed the result to an ``EvalPreprocess`` with ``input_scale=1``.
+
+    Run eagerly it equals ``EvalPreprocess`` bit for bit. Inside a graph (the SavedModel) Grappler's
+    constant folding turns ``x / constant`` into ``x * (1 / constant)``, which moves the resampled
+    pixels by up to ~3e-6 (in [0, 1] units); ``EvalPreprocess`` in a ``tf.function`` gets the same.
+    """
+    import tensorflow as tf
+    out_h, out_w = size
+    channels = images.shape[-1]
+    x = tf.cast(images, tf.float32) * (1.0 / input_scale)
+    height, width = tf.shape(images)[1], tf.shape(images)[2]
+
+    def resample():
+        hf, wf = tf.cast(height, tf.float32), tf.cast(width, tf.float32)
+        ratio = out_w / out_h
+        in_ratio = wf / hf
+        box_h = tf.where(in_ratio < ratio, wf / ratio, hf)
+        box_w = tf.where(in_ratio > ratio, hf * ratio, wf)
+        y0, x0 = (hf - box_h) / 2.0, (wf - box_w) / 2.0
+        f = float(crop_fraction)
+        y0, x0, box_h, box_w = y0 + box_h * (1 - f) / 2, x0 + box_w * (1 - f) / 2, box_h * f, box_w * f
+        ry = _resize_matrix(y0, box_h, height, out_h, antialias)
+        rx = _resize_matrix(x0, box_w, width, out_w, antialias)
+        # augment.apply_separable's choice of the cheaper contraction order (same rounding).
+        rows_first = out_h * height * width + out_h * width * out_w <= height * width * out_w + out_h * height * out_w
+        return tf.cond(rows_first,
+                       lambda: tf.einsum("jw,biwc->bijc", rx, tf.einsum("ih,bhwc->biwc", ry, x)),
+                       lambda: tf.einsum("ih,bhjc->bijc", ry, tf.einsum("jw,bhwc->bhjc", rx, x)))
+
+    static = images.shape[1], images.shape[2]
+    if crop_fraction != 1.0 or (None not in static and static != (out_h, out_w)):
+        out = resample()
+    elif None not in static:
+        out = x
+    else:
+        same = tf.logical_and(tf.equal(height, out_h), tf.equal(width, out_w))
+        out = tf.cond(same, lambda: tf.reshape(x, [-1, out_h, out_w, channels]), resample)
+    return tf.ensure_shape(out, [None, out_h, out_w, channels])
+
+
+def build_serving_fn(encoder, projector, preprocess):
+    """``images`` (uint8 ``[B, h, w, C]``) → ``{"features", "embedding"}``, inference mode."""
+    import tensorflow as tf
+    config = preprocess.get_config()
+    size = tuple(config["size"])
+    crop_fraction = float(config.get("crop_fraction", 1.0))
+    antialias = bool(config.get("antialias", True))
+    input_scale = float(config.get("input_scale", 255.0))
+    # Scaling happens in resample_to (before resampling, as in EvalPreprocess): normalise only.
+    normalise = type(preprocess).from_config({**config, "input_scale": 1.0})
+    channels = int(encoder.input_shape[-1])
+
+    def serve(images):
+        # The signature's TensorSpec is not enforced at run time (a loaded signature fed [B, H, W, 3]
+        # or [H, W, C] runs on); EnsureShape is, with "Shape of tensor images [..] is not compatible
+        # with expected shape [?,?,?,C]". Static-shape asserts would be constant-folded away.
+        images = tf.ensure_shape(images, [None, None, None, channels])
+        x = normalise(resample_to(images, size, crop_fraction, antialias, input_scale))
+        features = encoder(x, training=False)
+        embedding = projector(features, training=False)
+        # float32 whatever the layers' policy (a mixed-precision run saves mixed_* layers).
+        return {"features": tf.cast(features, tf.float32), "embedding": tf.cast(embedding, tf.float32)}
+
+    return serve
+
+
+def load_run(run_dir):
+    """``(encoder, projector, EvalPreprocess, dataset info)`` of a run folder."""
+    import keras
+    from uniclr_tf.augment import EvalPreprocess
+    check_run_dir(run_dir)
+    info = read_dataset_info(run_dir)
+    encoder = keras.saving.load_model(os.path.join(run_dir, "encoder.keras"), compile=False)
+    projector = keras.saving.load_model(os.path.join(run_dir, "projector.keras"), compile=False)
+    height, width, _ = info["image_shape"]
+    preprocess = EvalPreprocess((height, width), mean=info["mean"], std=info["std"])
+    return encoder, projector, preprocess, info
+
+
+def export_run(run_dir, out_dir, version=None):
+    """Exports the run folder ``run_dir`` to ``out_dir``; returns the ``export.json`` dict.
+
+    Writes the SavedModel to ``out_dir`` (or ``out_dir/<version>`` when ``version`` is given, the
+    layout TF Serving needs), ``out_dir/backbone.keras`` and ``out_dir/export.json``.
+    """
+    check_run_dir(run_dir)
+    if version is not None and (not isinstance(version, int) or version < 1):
+        raise ValueError(f"version must be a positive int (TF Serving's version folder); received {version!r}")
+    require_tensorflow_backend()
+    import keras
+    import tensorflow as tf
+
+    encoder, projector, preprocess, info = load_run(run_dir)
+    height, width, channels = info["image_shape"]
+    if encoder.input_shape[-1] != channels:
+        raise ValueError(f"encoder.keras takes {encoder.input_shape[-1]} channels but dataset.json "
+                         f"says image_shape {info['image_shape']}")
+    feat_dim, emb_dim = int(encoder.output_shape[-1]), int(projector.output_shape[-1])
+    if int(projector.input_shape[-1]) != feat_dim:
+        raise ValueError(f"projector.keras takes {projector.input_shape[-1]}-d inputs but the encoder "
+                         f"gives {feat_dim}-d features")
+
+    saved_model_dir = out_dir if version is None else os.path.join(out_dir, str(version))
+    os.makedirs(out_dir, exist_ok=True)
+    archive = keras.export.ExportArchive()
+    archive.track(encoder)
+    archive.track(projector)
+    archive.add_endpoint(SIGNATURE, build_serving_fn(encoder, projector, preprocess),
+                         input_signature=[tf.TensorSpec([None, None, None, channels], tf.uint8, name=INPUT_NAME)])
+    archive.write_out(saved_model_dir, verbose=False)
+    encoder.save(os.path.join(out_dir, BACKBONE_FILE))
+
+    config = {}
+    if os.path.isfile(os.path.join(run_dir, "config.json")):
+        with open(os.path.join(run_dir, "config.json")) as f:
+            config = json.load(f)
+    meta = {
+        "format": "tf_saved_model",
+        "saved_model_dir": os.path.relpath(saved_model_dir, out_dir),
+        "version": version,
+        "signature": SIGNATURE,
+        "inputs": {INPUT_NAME: {"dtype": "uint8", "shape": [None, None, None, channels],
+                                "note": "any height/width; resampled to image_size inside the model"}},
+        "outputs": {"features": {"dtype": "float32", "shape": [None, feat_dim]},
+                    "embedding": {"dtype": "float32", "shape": [None, emb_dim]}},
+        "feature_dim": feat_dim,
+        "embedding_dim": emb_dim,
+        "image_size": [height, width],
+        "channels": channels,
+        "mean": [float(v) for v in info["mean"]],
+        "std": [float(v) for v in info["std"]],
+        "preprocess": preprocess.get_config(),
+        "backbone": BACKBONE_FILE,
+        "backbone_input": "float32 [batch, height, width, C] already preprocessed (EvalPreprocess)",
+        "source_run": os.path.abspath(run_dir),
+        "dataset": info.get("dataset"),
+        "encoder": config.get("encoder"),
+        "objective": config.get("objective"),
+        "keras_version": keras.__version__,
+        "tensorflow_version": tf.__version__,
+    }
+    with open(os.path.join(out_dir, EXPORT_JSON), "w") as f:
+        json.dump(meta, f, indent=2, default=list)
+    return meta
+
+
+# --------------------------------------------------------------------------------------------
+# Check: reload the SavedModel and compare with the Keras models of the run
+# --------------------------------------------------------------------------------------------
+
+
+def check_export(export_dir, run_dir, num_images=8, seed=0, tolerance=DEFAULT_TOLERANCE):
+    """Runs the reloaded SavedModel and the run's Keras models on the same uint8 images.
+
+    Compared (max abs difference, each with its limit):
+
+    * ``train_size/*``: ``num_images`` random images of the training size, SavedModel vs
+      ``EvalPreprocess`` + ``encoder.keras`` + ``projector.keras``; and ``backbone.keras/features``:
+      the same ops on both sides (bit-exact in practice), limit ``tolerance``.
+    * ``other_size/*``: 3 images of another, non-square size (resampled inside the model), and
+      ``alone_vs_batch/features``: the first image alone vs in its batch. Float32 rounding differs
+      legitimately here (Grappler rewrites a division by a constant into a multiplication by its
+      reciprocal in the graph; kernels differ by batch size), by about 1e-7 relative, so the limit
+      is ``tolerance * max(1, largest |output|)``.
+
+    Returns ``{"saved_model_dir", "checks": {name: (diff, limit)}, "ok", "max_abs_diff"}``.
+    """
+    import keras
+    import tensorflow as tf
+
+    saved_model_dir = find_saved_model(export_dir)
+    encoder, projector, preprocess, info = load_run(run_dir)
+    height, width, channels = info["image_shape"]
+    loaded = tf.saved_model.load(saved_model_dir)
+    if SIGNATURE not in loaded.signatures:
+        raise ValueError(f"{saved_model_dir} has no {SIGNATURE!r} signature; it has {list(loaded.signatures)}")
+    serve = loaded.signatures[SIGNATURE]
+
+    def keras_outputs(images):
+        features = encoder(preprocess(images), training=False)
+        out = {"features": features, "embedding": projector(features, training=False)}
+        return {k: keras.ops.convert_to_numpy(v).astype(np.float32) for k, v in out.items()}
+
+    def served(images):
+        return {k: np.asarray(v) for k, v in serve(**{INPUT_NAME: tf.constant(images)}).items()}
+
+    def max_abs(a, b):
+        return float(np.max(np.abs(a - b)))
+
+    rng = np.random.default_rng(seed)
+    train = rng.integers(0, 256, (num_images, height, width, channels), dtype=np.uint8)
+    other = rng.integers(0, 256, (3, height + 9, width + 3, channels), dtype=np.uint8)
+    got, want = served(train), keras_outputs(train)
+    got_other, want_other = served(other), keras_outputs(other)
+    scale = max(1.0, *(float(np.max(np.abs(v))) for v in (*want.values(), *want_other.values())))
+    checks = {}
+    for key in OUTPUT_NAMES:
+        checks[f"train_size/{key}"] = (max_abs(got[key], want[key]), tolerance)
+    backbone_path = os.path.join(export_dir, BACKBONE_FILE)
+    if os.path.isfile(backbone_path):
+        backbone = keras.saving.load_model(backbone_path, compile=False)
+        feats = keras.ops.convert_to_numpy(backbone(preprocess(train), training=False)).astype(np.float32)
+        checks["backbone.keras/features"] = (max_abs(feats, want["features"]), tolerance)
+    for key in OUTPUT_NAMES:
+        checks[f"other_size/{key}"] = (max_abs(got_other[key], want_other[key]), tolerance * scale)
+    checks["alone_vs_batch/features"] = (max_abs(served(train[:1])["features"], got["features"][:1]), tolerance * scale)
+    return {"saved_model_dir": saved_model_dir, "checks": checks,
+            "ok": all(diff <= limit for diff, limit in checks.values()),
+            "max_abs_diff": max(diff for diff, _ in checks.values())}
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------
+
+
+def define_flags(flag_values=None):
+    from absl import flags
+    fv = flag_values or flags.FLAGS
+    flags.DEFINE_string("run_dir", None, "Run folder written by uniclr_tf.train (encoder.keras, "
+                        "projector.keras, dataset.json).", flag_values=fv)
+    flags.DEFINE_string("out", None, "Export folder (SavedModel, backbone.keras, export.json).", flag_values=fv)
+    flags.DEFINE_integer("version", 0, "Write the SavedModel into <out>/<version> (TF Serving's numbered "
+                         "layout); 0 writes it into <out> itself.", lower_bound=0, flag_values=fv)
+    flags.DEFINE_string("check", None, "Instead of exporting: reload the export folder in this process "
+                        "and compare it with the Keras models of --run_dir.", flag_values=fv)
+    flags.DEFINE_integer("num_check_images", 8, "Random uint8 images of the training size used by --check.",
+                         lower_bound=1, flag_values=fv)
+    flags.DEFINE_float("tolerance", DEFAULT_TOLERANCE, "--check fails above this max abs difference "
+                       "(training-size images; times max(1, largest |output|) for resampled sizes and "
+                       "image-alone-vs-batch, where float32 rounding legitimately differs).", flag_values=fv)
+
+
+def main(argv):
+    from absl import app, flags, logging
+    logging.set_verbosity(logging.WARNING)
+    fv = flags.FLAGS
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    if not fv.run_dir:
+        sys.exit("error: --run_dir is required (the run folder written by uniclr_tf.train)")
+    if bool(fv.out) == bool(fv.check):
+        sys.exit("error: give exactly one of --out=DIR (export) or --check=DIR (verify an export)")
+    try:
+        check_run_dir(fv.run_dir)
+        if fv.check:
+            find_saved_model(fv.check)
+            result = check_export(fv.check, fv.run_dir, num_images=fv.num_check_images, tolerance=fv.tolerance)
+            for name, (diff, limit) in result["checks"].items():
+                print(f"max abs diff {name}: {diff:.3g} (limit {limit:.3g})")
+            failed = [name for name, (diff, limit) in result["checks"].items() if diff > limit]
+            print(f"{'OK' if result['ok'] else 'FAIL'}: SavedModel {result['saved_model_dir']} vs Keras models of "
+                  f"{fv.run_dir}: max abs diff {result['max_abs_diff']:.3g}"
+                  + (f"; over the limit: {', '.join(failed)}" if failed else ""))
+            if not result["ok"]:
+                sys.exit(1)
+        else:
+            meta = export_run(fv.run_dir, fv.out, version=fv.version or None)
+            where = os.path.join(fv.out, meta["saved_model_dir"]) if fv.version else fv.out
+            c, (h, w) = meta["channels"], meta["image_size"]
+            print(f"SavedModel: {where} ({SIGNATURE}: {INPUT_NAME} uint8 [batch, height, width, {c}] "
+                  f"(resampled to {h}x{w}) -> features [batch, {meta['feature_dim']}], embedding "
+                  f"[batch, {meta['embedding_dim']}])")
+            print(f"backbone for fine-tuning: {os.path.join(fv.out, BACKBONE_FILE)}; "
+                  f"metadata: {os.path.join(fv.out, EXPORT_JSON)}")
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    from absl import app
+    define_flags()
+    app.run(main)
