@@ -57,6 +57,22 @@ strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 assert strategy.num_replicas_in_sync == 2
 for case in CASES:
     report(case, train(case, tf.distribute.get_strategy().scope(), data), train(case, strategy.scope(), data))
+# Per-replica statistics (authors' code): each replica's loss sees only its half of the batch, so
+# the first loss equals the mean of the two half-batch losses of a single-device model (whose BN,
+# like the synchronized BN, normalises over the whole batch).
+case = ("simtrace", None)
+with strategy.scope():
+    model = build(*case)
+    model.set_weights(INIT[case])
+    model.gather_across_replicas = False
+    model.compile(optimizer=keras.optimizers.SGD(0.0))
+local = model.fit(data(), epochs=1, steps_per_epoch=1, verbose=0).history["objective_loss"][0]
+ref = build(*case)
+ref.set_weights(INIT[case])
+_, online, target = ref._embed(list(VIEWS), True)  # synchronized BN: statistics of all 16 rows
+halves = [float(ref._loss_fn(online[0][i:i + 8], target[1][i:i + 8], **ref._objective_kwargs())) for i in (0, 8)]
+RESULTS["per_replica"] = {{"local": local, "halves_mean": float(np.mean(halves)),
+                          "global": float(ref.compute_objective(VIEWS)[0])}}
 print(json.dumps(RESULTS))
 """
 
@@ -93,6 +109,10 @@ ALL_CASES = [("simaffinity", None), ("simwhitening", None), ("simtrace", None), 
 
 
 def check(results, cases):
+    per_replica = results.pop("per_replica", None)
+    if per_replica is not None:
+        np.testing.assert_allclose(per_replica["local"], per_replica["halves_mean"], rtol=1e-4)
+        assert abs(per_replica["local"] - per_replica["global"]) > 1e-3
     assert len(results) == len(cases)
     for case, out in results.items():
         np.testing.assert_allclose(out["loss_b"], out["loss_a"], rtol=1e-5, atol=1e-5, err_msg=case)

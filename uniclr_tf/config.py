@@ -66,6 +66,7 @@ class TrainConfig:
     augment_on: str = "host"
     precision: str = "float32"
     strategy: str = "default"
+    gather_across_replicas: bool = True
     tpu: str = ""
     jit_compile: bool = False
     steps_per_execution: int = 1

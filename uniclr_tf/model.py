@@ -78,12 +78,15 @@ class UniCLR(train_step_mixin(), keras.Model):
       augmenter: optional layer mapping a uint8 batch to a tuple of views inside the train step.
       num_global: how many of the views are global crops (the rest are local crops).
       num_classes: if set, an online linear probe on stop-gradient features is trained.
+      gather_across_replicas: under a tf.distribute strategy, gather embeddings from every replica
+        so the affinity matrix and covariance are global (default, as simclr-tf2); False keeps them
+        per replica, as the authors' code does. Under JAX ``DataParallel`` arrays are global anyway.
     """
 
     def __init__(self, encoder, projector, predictor=None, objective="simtrace", temperature=None,
                  gamma=0.01, eps=1e-4, objective_options=None, ema_momentum=None,
-                 ema_total_steps=1, augmenter=None, num_global=2, num_classes=None, name="uniclr",
-                 **kwargs):
+                 ema_total_steps=1, augmenter=None, num_global=2, num_classes=None,
+                 gather_across_replicas=True, name="uniclr", **kwargs):
         super().__init__(name=name, **kwargs)
         if objective not in DEFAULT_TEMPERATURE:
             raise ValueError(f"Unknown objective {objective!r}; expected one of {sorted(DEFAULT_TEMPERATURE)}")
@@ -104,6 +107,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         self.augmenter = augmenter
         self.num_global = int(num_global)
         self.num_classes = num_classes
+        self.gather_across_replicas = bool(gather_across_replicas)
         self._loss_fn = objectives.get_objective(objective)
 
         if self.ema_momentum is not None:
@@ -194,8 +198,9 @@ class UniCLR(train_step_mixin(), keras.Model):
         if len(views) < self.num_global:
             raise ValueError(f"Expected at least {self.num_global} views; received {len(views)}")
         features, online, target = self._embed(views, training)
-        online = [self.all_gather(z) for z in online]
-        target = [self.all_gather(t) for t in target]
+        if self.gather_across_replicas:
+            online = [self.all_gather(z) for z in online]
+            target = [self.all_gather(t) for t in target]
         kwargs = self._objective_kwargs()
         pairs = self.view_pairs(len(views))
         results = [self._loss_fn(online[i], target[j], return_terms=True, **kwargs) for i, j in pairs]

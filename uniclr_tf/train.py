@@ -58,6 +58,8 @@ HELP = {
     "augment_on": "host: augment in tf.data on the CPU; device: inside the compiled train step.",
     "precision": "Compute precision (linear algebra of the objectives always runs in float32).",
     "strategy": "default | mirrored (tf.distribute, TF) | tpu (TPUStrategy, TF) | data_parallel (JAX).",
+    "gather_across_replicas": "Gather embeddings across replicas (global affinity/covariance); "
+                              "--nogather_across_replicas keeps them per replica (authors' code).",
     "tpu": "TPU name or grpc:// address for --strategy=tpu.",
     "jit_compile": "Compile the train step with XLA (TF backend; JAX always compiles).",
     "steps_per_execution": "Train steps per compiled call.",
@@ -131,7 +133,7 @@ def build_model(cfg, info, augmenter=None, synchronized_bn=False):
     return UniCLR(encoder, proj, pred, objective=cfg.objective, temperature=cfg.temperature or None,
                   gamma=cfg.gamma, eps=cfg.eps, objective_options=options,
                   ema_momentum=cfg.ema_momentum or None, ema_total_steps=cfg.epochs * max(cfg.steps_per_epoch, 1),
-                  augmenter=augmenter, num_global=2,
+                  augmenter=augmenter, num_global=2, gather_across_replicas=cfg.gather_across_replicas,
                   num_classes=info.num_classes if cfg.online_probe and info.num_classes else None)
 
 
