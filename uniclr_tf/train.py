@@ -169,6 +169,9 @@ def run(cfg):
     from uniclr_tf.callbacks import HistoryRecorder, KNNMonitor
     from uniclr_tf.evaluation import knn_eval, raw_pixel_knn
 
+    if cfg.export and keras.backend.backend() != "tensorflow":
+        raise ValueError("--export writes a TF SavedModel and needs KERAS_BACKEND=tensorflow; train under "
+                         f"{keras.backend.backend()!r}, then run `python -m uniclr_tf.export` with the TF backend")
     keras.utils.set_random_seed(cfg.seed)
     run_dir = make_run_dir(cfg)
     with open(os.path.join(run_dir, "flags.txt"), "w") as f:
@@ -251,8 +254,8 @@ def main(argv):
     except DataError as e:  # bad data: one line naming the culprit, no traceback
         sys.exit(f"error: {e}")
     except ValueError as e:
-        if "cfg" in locals():
-            raise
+        if "cfg" in locals() and not str(e).startswith("--"):
+            raise  # a bug, not a bad flag: keep the traceback
         sys.exit(f"error: {e}")
 
 
