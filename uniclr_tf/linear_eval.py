@@ -508,28 +508,15 @@ HELP = {
 
 def define_flags(flag_values=None):
     """One flag per ``LinearEvalConfig`` field, same name, same default."""
-    from absl import flags
+    from uniclr_tf import flagutil
 
-    flag_values = flags.FLAGS if flag_values is None else flag_values
-    for field in dataclasses.fields(LinearEvalConfig):
-        name, default, help_ = field.name, field.default, HELP[field.name]
-        if name == "optimizer":
-            flags.DEFINE_enum(name, default, OPTIMIZERS, help_, flag_values=flag_values)
-        elif isinstance(default, bool):
-            flags.DEFINE_bool(name, default, help_, flag_values=flag_values)
-        elif isinstance(default, int):
-            flags.DEFINE_integer(name, default, help_, flag_values=flag_values)
-        elif isinstance(default, float):
-            flags.DEFINE_float(name, default, help_, flag_values=flag_values)
-        else:
-            flags.DEFINE_string(name, default, help_, flag_values=flag_values)
+    flagutil.define_flags(LinearEvalConfig, HELP, {"optimizer": OPTIMIZERS}, flag_values)
 
 
 def config_from_flags(flag_values=None) -> LinearEvalConfig:
-    from absl import flags
+    from uniclr_tf import flagutil
 
-    flag_values = flags.FLAGS if flag_values is None else flag_values
-    return LinearEvalConfig(**{f.name: flag_values[f.name].value for f in dataclasses.fields(LinearEvalConfig)})
+    return flagutil.config_from_flags(LinearEvalConfig, flag_values)
 
 
 def main(argv):

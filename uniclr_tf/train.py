@@ -16,6 +16,7 @@ import time
 
 from absl import app, flags
 
+from uniclr_tf import flagutil
 from uniclr_tf.config import (AUGMENT_ON, ENCODERS, OBJECTIVES, OPTIMIZERS, PRECISIONS, STRATEGIES,
                               WHITENING_MODES, TrainConfig)
 
@@ -74,34 +75,11 @@ ENUMS = {"objective": OBJECTIVES, "encoder": ENCODERS, "optimizer": OPTIMIZERS, 
 
 def define_flags(flag_values=flags.FLAGS):
     """One flag per ``TrainConfig`` field, same name, same default."""
-    for field in dataclasses.fields(TrainConfig):
-        name, default, help_ = field.name, field.default, HELP[field.name]
-        if name in ENUMS:
-            flags.DEFINE_enum(name, default, ENUMS[name], help_, flag_values=flag_values)
-        elif isinstance(default, bool):
-            flags.DEFINE_bool(name, default, help_, flag_values=flag_values)
-        elif isinstance(default, int):
-            flags.DEFINE_integer(name, default, help_, flag_values=flag_values)
-        elif isinstance(default, float):
-            flags.DEFINE_float(name, default, help_, flag_values=flag_values)
-        elif isinstance(default, tuple):
-            flags.DEFINE_list(name, [str(v) for v in default], help_, flag_values=flag_values)
-        else:
-            flags.DEFINE_string(name, default, help_, flag_values=flag_values)
+    flagutil.define_flags(TrainConfig, HELP, ENUMS, flag_values)
 
 
 def config_from_flags(flag_values=flags.FLAGS):
-    values = {}
-    for field in dataclasses.fields(TrainConfig):
-        value = flag_values[field.name].value
-        if isinstance(field.default, tuple):
-            caster = float if isinstance(field.default[0], float) else int
-            try:
-                value = tuple(caster(v) for v in value)
-            except ValueError:
-                raise ValueError(f"--{field.name}: expected comma-separated numbers; received {','.join(value)!r}")
-        values[field.name] = value
-    return TrainConfig(**values)
+    return flagutil.config_from_flags(TrainConfig, flag_values)
 
 
 def build_augmenter(cfg, info):
