@@ -52,7 +52,8 @@ class HistoryRecorder(keras.callbacks.Callback):
 
 
 def plot_curves(epochs, path):
-    """Loss curves (left) and kNN / probe accuracy curves (right) as one PNG."""
+    """Loss terms, diagnostics (symmetry ‖A − Aᵀ‖_F, embedding std, EMA momentum) and kNN / probe
+    accuracy, one panel each, as one PNG."""
     if not epochs:
         return
     import matplotlib
@@ -60,15 +61,19 @@ def plot_curves(epochs, path):
     import matplotlib.pyplot as plt
 
     keys = sorted({k for e in epochs for k in e if k != "epoch"})
-    loss_keys = [k for k in keys if "loss" in k or k == "embedding_std"]
     acc_keys = [k for k in keys if "top" in k or "accuracy" in k]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, group, title in ((axes[0], loss_keys, "losses"), (axes[1], acc_keys, "accuracy")):
+    diag_keys = [k for k in keys if k in ("symmetry", "embedding_std", "ema_momentum")]
+    loss_keys = [k for k in keys if k not in acc_keys and k not in diag_keys]
+    panels = [(loss_keys, "losses"), (diag_keys, "diagnostics"), (acc_keys, "accuracy")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, (group, title) in zip(axes, panels):
         for k in group:
             pts = [(e["epoch"], e[k]) for e in epochs if k in e]
             ax.plot(*zip(*pts), marker="o", label=k)
         ax.set_xlabel("epoch")
         ax.set_title(title)
+        if title == "diagnostics" and group:
+            ax.set_yscale("log")
         if group:
             ax.legend()
         ax.grid(alpha=0.3)
