@@ -59,7 +59,6 @@ def unpack(data):
     return data, None
 
 
-@keras.saving.register_keras_serializable(package="uniclr_tf")
 class UniCLR(train_step_mixin(), keras.Model):
     """UniCLR pretraining model (arXiv 2211.14516, Eq. 6) with the paper's optional tricks.
 
