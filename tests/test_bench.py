@@ -1,0 +1,156 @@
+"""Tests of the bench CLI (uniclr_tf.bench) and of the cheap (feature-group) whitening it measures."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from keras import ops
+
+from uniclr_tf import objectives as obj
+from uniclr_tf import whitening
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _views(seed, n, d):
+    rng = np.random.default_rng(seed)
+    scale = rng.uniform(0.5, 2.0, size=d)
+    z1 = rng.normal(size=(n, d)) * scale + 0.3
+    z2 = z1 + 0.5 * rng.normal(size=(n, d)) * scale
+    return z1.astype(np.float32), z2.astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# The CLI
+
+
+def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "uniclr_tf.bench", "--quick", f"--out={out}"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    seconds = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert seconds < 60, f"--quick took {seconds:.0f} s"
+    text = proc.stdout
+    assert "images/s" in text and "model step only" in text and "(d) objective" in text
+    assert f"wrote {out}" in text
+
+    result = json.loads(out.read_text())
+    assert result["environment"]["backend"] == "tensorflow"
+    assert result["environment"]["command"].startswith("python -m uniclr_tf.bench --quick")
+    for key in ("a_model_only", "b_host_aug", "c_device_aug"):
+        section = result[key]
+        assert section["images_per_s"] > 0 and section["ms_per_step"] > 0, key
+        assert section["reps"] == 3 and section["finite_loss"], key
+    for key in ("b_host_aug", "c_device_aug"):
+        assert 0 <= result[key]["input_wait_frac"] <= 1
+    assert result["b_host_aug"]["pipeline"]["images_per_s"] > 0
+    rows = result["d_objective"]
+    assert {r["variant"] for r in rows} >= {"affinity", "full", "full+stop_gradient_cov", "groups=4"}
+    assert {(r["n"], r["d"]) for r in rows if r["variant"] == "affinity"} == {(32, 32), (64, 32), (32, 64), (64, 64)}
+    assert all(r["ms"] > 0 and r["finite"] for r in rows)
+    assert result["memory"]["process_peak_rss_bytes"] > 0
+    assert 0 < result["ratios"]["c_device_aug/a_model_only"]
+
+
+def test_bad_sections_flag_is_a_usage_error():
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-m", "uniclr_tf.bench", "--quick", "--sections=a,x"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "--sections" in proc.stderr and "'x'" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Cheap whitening: feature groups
+
+
+def test_one_group_is_exactly_plain_whitening():
+    z1, z2 = _views(0, 64, 16)
+    for sg in (False, True):
+        w = whitening.whiten(z1, z2, stop_gradient_cov=sg)
+        g = whitening.group_whiten(z1, z2, groups=1, stop_gradient_cov=sg)
+        for a, b in zip(w, g):
+            np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))
+    assert float(obj.sim_trace_loss(z1, z2, groups=1)) == float(obj.sim_trace_loss(z1, z2))
+    assert float(obj.sim_whitening_loss(z1, z2, groups=1)) == float(obj.sim_whitening_loss(z1, z2))
+
+
+@pytest.mark.parametrize("groups", [2, 4, 8])
+def test_group_whitening_whitens_each_group_to_identity(groups):
+    n, d = 128, 32
+    z1, z2 = _views(1, n, d)
+    w1, w2 = whitening.group_whiten(z1, z2, groups=groups, eps=1e-6)
+    w = np.concatenate([ops.convert_to_numpy(w1), ops.convert_to_numpy(w2)]).astype(np.float64)
+    assert w.shape == (2 * n, d)
+    np.testing.assert_allclose(w.mean(0), 0.0, atol=1e-4)
+    cov = w.T @ w / (2 * n)
+    size = d // groups
+    for g in range(groups):
+        block = cov[g * size:(g + 1) * size, g * size:(g + 1) * size]
+        np.testing.assert_allclose(block, np.eye(size), atol=2e-3)
+    # Across groups the correlations are left in (block-diagonal whitening, not full).
+    off = cov[:size, size:2 * size]
+    assert np.abs(off).max() > 0.05
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_group_whitening_matches_whitening_each_group_alone(groups):
+    """Each group's whitened features equal plain whitening of that group's columns."""
+    z1, z2 = _views(2, 96, 24)
+    w1, w2 = whitening.group_whiten(z1, z2, groups=groups)
+    size = 24 // groups
+    for g in range(groups):
+        cols = slice(g * size, (g + 1) * size)
+        r1, r2 = whitening.whiten(z1[:, cols], z2[:, cols])
+        np.testing.assert_allclose(ops.convert_to_numpy(w1)[:, cols], ops.convert_to_numpy(r1), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(ops.convert_to_numpy(w2)[:, cols], ops.convert_to_numpy(r2), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("sg", [False, True])
+def test_grouped_simtrace_is_the_sum_of_the_groups_simtrace_value_and_gradient(sg):
+    import tensorflow as tf
+
+    groups, n, d = 4, 64, 32
+    z1, z2 = _views(3, n, d)
+    size = d // groups
+    a, b = tf.constant(z1), tf.constant(z2)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([a, b])
+        grouped = obj.sim_trace_loss(a, b, groups=groups, stop_gradient_cov=sg)
+        summed = sum(obj.sim_trace_loss(a[:, g * size:(g + 1) * size], b[:, g * size:(g + 1) * size],
+                                        stop_gradient_cov=sg) for g in range(groups))
+    np.testing.assert_allclose(float(grouped), float(summed), rtol=1e-5)
+    for x in (a, b):
+        np.testing.assert_allclose(tape.gradient(grouped, x).numpy(), tape.gradient(summed, x).numpy(),
+                                   rtol=1e-4, atol=1e-5)
+    # Stop-gradient changes the gradient, not the value (as for full whitening).
+    assert float(obj.sim_trace_loss(a, b, groups=groups, stop_gradient_cov=True)) == pytest.approx(
+        float(obj.sim_trace_loss(a, b, groups=groups)), rel=1e-6)
+
+
+def test_grouped_simwhitening_runs_in_both_modes_and_low_precision():
+    z1, z2 = _views(4, 64, 32)
+    for mode in ("cholesky", "one_sided"):
+        value = float(obj.sim_whitening_loss(z1, z2, groups=4, mode=mode))
+        assert np.isfinite(value)
+    low = float(obj.sim_trace_loss(ops.cast(z1, "bfloat16"), ops.cast(z2, "bfloat16"), groups=4))
+    ref = float(obj.sim_trace_loss(ops.cast(ops.cast(z1, "bfloat16"), "float32"),
+                                   ops.cast(ops.cast(z2, "bfloat16"), "float32"), groups=4))
+    assert low == pytest.approx(ref, rel=1e-5)
+
+
+@pytest.mark.parametrize("groups", [0, 3, 2.5, True])
+def test_bad_groups_name_the_argument(groups):
+    z1, z2 = _views(5, 16, 8)
+    with pytest.raises(ValueError, match="groups"):
+        obj.sim_trace_loss(z1, z2, groups=groups)
