@@ -31,8 +31,9 @@ demo: $(STAMP) $(FMNIST)
 test: $(STAMP) $(FMNIST)
 	$(PY) -m pytest -q tests
 
+# CPU figures of benchmarks/RESULTS.md (about 20 minutes); the GPU suite is benchmarks/gpu_run.sh.
 bench: $(STAMP) $(FMNIST)
-	$(PY) -m uniclr_tf.bench --out=benchmarks/cpu.json
+	PYTHON=$(PY) bash benchmarks/cpu_run.sh
 
 clean:
 	rm -rf runs .pytest_cache

@@ -201,7 +201,8 @@ def build_training_model(shape, mean, std):
 
     cfg = TrainConfig(encoder=FLAGS.encoder, encoder_width=FLAGS.encoder_width,
                       projector_dims=tuple(_ints(FLAGS.projector_dims)), objective=FLAGS.objective,
-                      stop_gradient_cov=FLAGS.stop_gradient_cov, batch_size=FLAGS.batch_size,
+                      stop_gradient_cov=FLAGS.stop_gradient_cov, whitening_groups=FLAGS.whitening_groups,
+                      batch_size=FLAGS.batch_size,
                       precision=FLAGS.precision, seed=FLAGS.seed, online_probe=False,
                       augment_on="device", epochs=100, warmup_epochs=10)
     keras.utils.set_random_seed(cfg.seed)
@@ -210,8 +211,6 @@ def build_training_model(shape, mean, std):
     info = types.SimpleNamespace(image_shape=tuple(shape), num_classes=None, mean=mean, std=std)
     device_aug = build_augmenter(cfg, info)
     model = build_model(cfg, info, augmenter=device_aug)
-    if FLAGS.whitening_groups != 1:
-        model.objective_options["groups"] = FLAGS.whitening_groups
     model.compile(optimizer=build_optimizer(cfg, steps_per_epoch=100), jit_compile=FLAGS.jit_compile)
     model.optimizer.build(model.trainable_variables)
     host_aug = build_augmenter(cfg, info)  # a separate instance (own random streams) for the host

@@ -40,6 +40,7 @@ class TrainConfig:
     eps: float = 1e-4
     whitening_mode: str = "cholesky"
     stop_gradient_cov: bool = False
+    whitening_groups: int = 1  # 1: the paper's full whitening; G: G feature groups (cheap at large D)
     symmetric_directions: bool = False
     # tricks (paper Table 1)
     ema_momentum: float = 0.0  # 0: no EMA target
@@ -93,6 +94,8 @@ class TrainConfig:
         check(self.encoder_width >= 0, "encoder_width", "an integer >= 0")
         check(len(self.projector_dims) >= 1 and all(int(d) > 0 for d in self.projector_dims),
               "projector_dims", "a non-empty list of positive integers")
+        check(self.whitening_groups >= 1 and self.projector_dims[-1] % self.whitening_groups == 0,
+              "whitening_groups", f"a positive divisor of the embedding size {self.projector_dims[-1]}")
         check(self.predictor_hidden > 0, "predictor_hidden", "a positive integer")
         check(self.temperature >= 0, "temperature", "a number >= 0 (0 for the objective's default)")
         check(self.gamma >= 0, "gamma", "a number >= 0")

@@ -37,6 +37,8 @@ HELP = {
     "eps": "Ridge added to the covariance before Cholesky.",
     "whitening_mode": "SimWhitening: cholesky (paper) or one_sided (authors' code).",
     "stop_gradient_cov": "Stop the gradient through the whitening statistics (authors' code).",
+    "whitening_groups": "Whiten G feature groups separately (block-diagonal covariance; cheap at large D); "
+                        "1 is the paper's full whitening.",
     "symmetric_directions": "Average the loss over both directions L(z1,z2), L(z2,z1) (authors' code).",
     "ema_momentum": "Base momentum of an EMA target encoder (e.g. 0.99); 0 disables it.",
     "num_local_crops": "Number of multi-crop local views (0: two global views only).",
@@ -106,6 +108,8 @@ def build_model(cfg, info, augmenter=None, synchronized_bn=False):
         options["mode"] = cfg.whitening_mode
     if cfg.stop_gradient_cov and cfg.objective != "simaffinity":
         options["stop_gradient_cov"] = True
+    if cfg.whitening_groups != 1 and cfg.objective != "simaffinity":
+        options["groups"] = cfg.whitening_groups
     if cfg.symmetric_directions and cfg.objective != "simtrace":
         options["symmetric_directions"] = True
     return UniCLR(encoder, proj, pred, objective=cfg.objective, temperature=cfg.temperature or None,
