@@ -71,3 +71,30 @@ def test_every_config_field_has_a_flag_and_every_flagfile_parses():
         if name == "paper/imagenet_simaffinity.flags":  # nested flagfile + overrides resolved
             assert (cfg.encoder, cfg.num_local_crops, cfg.predictor, cfg.ema_momentum) == ("resnet50", 6, True, 0.99)
             assert cfg.projector_dims == (2048, 2048, 2048) and cfg.local_scale == (0.05, 0.4)
+
+
+NO_TF_RUN = r"""
+import importlib.abc, json, sys
+
+class NoTensorFlow(importlib.abc.MetaPathFinder):  # as on the JAX-only GPU machine
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorflow_datasets", "tensorboard"):
+            raise ModuleNotFoundError("No module named " + name)
+
+sys.meta_path.insert(0, NoTensorFlow())
+from uniclr_tf.config import TrainConfig
+from uniclr_tf import train
+cfg = TrainConfig(encoder="tiny", encoder_width=8, projector_dims=(64, 32), objective="simtrace",
+                  batch_size=64, epochs=1, steps_per_epoch=3, warmup_epochs=0, max_examples=512,
+                  knn_every=0, augment_on="device", run_dir={run_dir!r}, run_name="notf")
+run_dir, metrics = train.run(cfg)
+assert "tensorflow" not in sys.modules
+print(json.dumps(metrics))
+"""
+
+
+def test_train_runs_under_jax_without_tensorflow(tmp_path, run_python):
+    """The GPU machine has JAX but no TensorFlow: in-memory data + device augmentation still train."""
+    metrics = run_python(NO_TF_RUN.format(run_dir=str(tmp_path)), backend="jax")
+    assert 0.0 < metrics["knn_top1"] <= 1.0 and metrics["steps"] == 3
+    assert (tmp_path / "notf" / "encoder.keras").exists()

@@ -15,10 +15,14 @@ Every element is a uint8 image ``[H, W, C]`` (``C`` in {1, 3}) with an int64 lab
 unlabelled). Bad data stops at load time with a one-line :class:`DataError` naming the culprit,
 never deep inside a running tf.data pipeline.
 
-This module imports TensorFlow (tf.data is the input pipeline whatever the Keras backend) but no
-``keras.ops``: the pipelines run unchanged under ``KERAS_BACKEND=jax``, whose ``fit`` converts the
-tf tensors. ``tensorflow_datasets`` is imported only when a ``tfds:`` spec is used.
+The pipelines are tf.data (whatever the Keras backend) but no ``keras.ops``: they run unchanged
+under ``KERAS_BACKEND=jax``, whose ``fit`` converts the tf tensors. TensorFlow itself is imported on
+first use, so in-memory data (``fashion_mnist`` at its own size) also loads where TensorFlow is not
+installed (the JAX-only GPU machine), and :func:`numpy_batches` feeds it without tf.data.
+``tensorflow_datasets`` is imported only when a ``tfds:`` spec is used.
 """
+
+from __future__ import annotations
 
 import dataclasses
 import gzip
@@ -28,11 +32,31 @@ import re
 import types
 from typing import Callable, Mapping, Optional, Sequence, Tuple, Union
 
+import importlib.util
+
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
-AUTOTUNE = tf.data.AUTOTUNE
+
+class _LazyTensorFlow:
+    """``tensorflow``, imported on first attribute access."""
+
+    def __getattr__(self, name):
+        import tensorflow
+
+        return getattr(tensorflow, name)
+
+
+tf = _LazyTensorFlow()
+AUTOTUNE = -1  # tf.data.AUTOTUNE
+
+
+def have_tensorflow() -> bool:
+    """Whether TensorFlow is installed (tf.data pipelines need it; in-memory arrays do not)."""
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except ImportError:
+        return False
 
 #: File name endings (lower case) that ``folder:`` specs read; other files are ignored.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
@@ -758,6 +782,30 @@ def eval_dataset(info: DatasetInfo, split: str, batch_size: int,
     if preprocess is not None:
         ds = ds.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
     return ds.prefetch(AUTOTUNE)
+
+
+def numpy_batches(info: DatasetInfo, batch_size: int, shuffle: bool = True, seed: int = 0,
+                  split: str = "train", with_labels: bool = False):
+    """Endless uint8 batches of an in-memory split without tf.data (for augmentation on the device).
+
+    Same contract as :func:`pretrain_dataset` with ``augmenter=None, repeat=True``: a new permutation
+    every epoch (deterministic given ``seed``), ``drop_remainder``, ``x`` or ``(x, labels)``.
+    """
+    data = info.split(split)
+    if not data.in_memory:
+        raise DataError(f"{info.spec or info.name}: numpy_batches needs an in-memory split; "
+                        "streamed (tfds:) data needs tf.data (pretrain_dataset)")
+    n = data.num_examples
+    if n < batch_size:
+        raise DataError(f"{info.spec or info.name}: split {split!r} has {n} examples, fewer than "
+                        f"batch_size={batch_size}")
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(n) if shuffle else np.arange(n)
+        for start in range(0, n - batch_size + 1, batch_size):
+            idx = order[start:start + batch_size]
+            x = data.images[idx]
+            yield (x, data.labels[idx]) if with_labels else x
 
 
 def as_numpy(info: DatasetInfo, split: str, max_examples: Optional[int] = None

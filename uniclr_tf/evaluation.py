@@ -10,7 +10,7 @@ def extract_features(encoder, images, preprocess, batch_size=512):
     outputs = []
     for start in range(0, len(images), batch_size):
         x = preprocess(images[start:start + batch_size])
-        outputs.append(np.asarray(encoder(x, training=False), dtype=np.float32))
+        outputs.append(np.asarray(encoder.predict_on_batch(x), dtype=np.float32))  # compiled, inference BN
     return np.concatenate(outputs, axis=0)
 
 

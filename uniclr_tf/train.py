@@ -180,8 +180,14 @@ def run(cfg):
         raise ValueError(f"--batch_size={cfg.batch_size} must be divisible by the {replicas} replicas")
     augmenter = build_augmenter(cfg, info)
     labelled = bool(info.num_classes) and cfg.online_probe
-    train_ds = data.pretrain_dataset(info, cfg.batch_size, augmenter if cfg.augment_on == "host" else None,
-                                     shuffle=True, seed=cfg.seed, repeat=True, with_labels=labelled)
+    if data.have_tensorflow():
+        train_ds = data.pretrain_dataset(info, cfg.batch_size, augmenter if cfg.augment_on == "host" else None,
+                                         shuffle=True, seed=cfg.seed, repeat=True, with_labels=labelled)
+    elif cfg.augment_on == "device":  # e.g. the JAX-only GPU machine: in-memory uint8 batches
+        train_ds = data.numpy_batches(info, cfg.batch_size, shuffle=True, seed=cfg.seed, with_labels=labelled)
+    else:
+        raise ValueError("--augment_on=host uses tf.data, and TensorFlow is not installed here; "
+                         "use --augment_on=device")
     with distribute.scope(strategy):
         model = build_model(cfg, info, augmenter if cfg.augment_on == "device" else None,
                             synchronized_bn=replicas > 1)
@@ -200,8 +206,9 @@ def run(cfg):
     callbacks += [history,
                   keras.callbacks.CSVLogger(os.path.join(run_dir, "log.csv")),
                   keras.callbacks.ModelCheckpoint(os.path.join(run_dir, "checkpoints", "epoch{epoch:03d}.weights.h5"),
-                                                  save_weights_only=True),
-                  keras.callbacks.TensorBoard(os.path.join(run_dir, "tb"), update_freq="epoch")]
+                                                  save_weights_only=True)]
+    if data.have_tensorflow():  # Keras's TensorBoard callback writes through tf.summary
+        callbacks.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tb"), update_freq="epoch"))
     print(f"run folder: {run_dir}\n{cfg.dataset}: {num_train} training images {tuple(info.image_shape)}, "
           f"{steps_per_epoch} steps/epoch of batch {cfg.batch_size}, backend {keras.backend.backend()}")
     model.fit(train_ds, epochs=cfg.epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=1)
