@@ -64,7 +64,7 @@ HELP = {
     "gather_across_replicas": "Gather embeddings across replicas (global affinity/covariance); "
                               "--nogather_across_replicas keeps them per replica (authors' code).",
     "tpu": "TPU name or grpc:// address for --strategy=tpu.",
-    "jit_compile": "Force XLA compilation of the train step on TF (default: Keras's 'auto'; JAX always jits).",
+    "jit_compile": "Compile the train step with XLA on TF (JAX always jits).",
     "steps_per_execution": "Train steps per compiled call.",
     "seed": "Random seed.",
     "run_dir": "Parent folder of run folders.",
@@ -191,9 +191,10 @@ def run(cfg):
     with distribute.scope(strategy):
         model = build_model(cfg, info, augmenter if cfg.augment_on == "device" else None,
                             synchronized_bn=replicas > 1)
-        # "auto": JAX always jits the step; TF uses XLA where Keras deems it supported. With
-        # jit_compile=False Keras-on-JAX would run the step eagerly (~70x slower on a GPU).
-        model.compile(optimizer=build_optimizer(cfg, steps_per_epoch), jit_compile=cfg.jit_compile or "auto",
+        # JAX must jit ("auto"): with jit_compile=False Keras-on-JAX runs the step eagerly (~70x
+        # slower on a GPU). TF runs a tf.function graph unless --jit_compile asks for XLA.
+        jit = True if cfg.jit_compile else ("auto" if keras.backend.backend() == "jax" else False)
+        model.compile(optimizer=build_optimizer(cfg, steps_per_epoch), jit_compile=jit,
                       steps_per_execution=cfg.steps_per_execution)
 
     preprocess = EvalPreprocess(size, info.mean, info.std)
