@@ -7,7 +7,7 @@ set -uo pipefail
 EPOCHS=${EPOCHS:-100}
 for objective in "$@"; do
   echo "=== $objective: $EPOCHS epochs"
-  timeout "${PHASE_TIMEOUT:-280}" python3 -m uniclr_tf.train --flagfile="configs/$objective.flags" \
+  timeout "${PHASE_TIMEOUT:-420}" python3 -m uniclr_tf.train --flagfile="configs/$objective.flags" \
     --augment_on=device --epochs="$EPOCHS" --knn_every=25 --run_dir=/tmp/runs --run_name="gpu-$objective" \
     > "$OUT/train-$objective.log" 2>&1
   echo "exit $?"

@@ -25,7 +25,7 @@ def test_cli_trains_every_trick_and_reports_knn(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "cli"
     for name in ("flags.txt", "config.json", "dataset.json", "metrics.json", "history.json", "curves.png",
-                 "encoder.keras", "model.weights.h5", "log.csv", "checkpoints/epoch002.weights.h5"):
+                 "encoder.keras", "model.weights.h5", "log.csv", "checkpoints/last.weights.h5"):
         assert (run / name).exists(), name
     assert any((run / "tb").rglob("*tfevents*"))
     metrics = json.loads((run / "metrics.json").read_text())

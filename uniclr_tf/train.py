@@ -208,7 +208,8 @@ def run(cfg):
     history = HistoryRecorder(run_dir)
     callbacks += [history,
                   keras.callbacks.CSVLogger(os.path.join(run_dir, "log.csv")),
-                  keras.callbacks.ModelCheckpoint(os.path.join(run_dir, "checkpoints", "epoch{epoch:03d}.weights.h5"),
+                  # One rolling checkpoint (a ResNet-18 run would otherwise keep ~100 MB per epoch).
+                  keras.callbacks.ModelCheckpoint(os.path.join(run_dir, "checkpoints", "last.weights.h5"),
                                                   save_weights_only=True)]
     if data.have_tensorflow():  # Keras's TensorBoard callback writes through tf.summary
         callbacks.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tb"), update_freq="epoch"))
