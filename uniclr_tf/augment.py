@@ -219,7 +219,8 @@ def resize_matrix(start, length, in_size, out_size, antialias=False, backend=Non
 
     Args:
         start, length: float tensors of any shape ``S`` (e.g. ``[B]``, or ``[]`` for a fixed box).
-        in_size, out_size: static ints.
+        in_size: int, or a scalar tensor (a dynamic size, as in the exported serving function).
+        out_size: static int.
         antialias: widen the kernel when ``length > out_size``.
         backend: a Keras backend module / ``DynamicBackend`` (default: the Keras backend).
 
@@ -230,12 +231,12 @@ def resize_matrix(start, length, in_size, out_size, antialias=False, backend=Non
     start = b.cast(b.convert_to_tensor(start), "float32")
     length = b.cast(b.convert_to_tensor(length), "float32")
     i = b.convert_to_tensor(np.arange(out_size, dtype="float32") + 0.5)
-    j = b.convert_to_tensor(np.arange(in_size, dtype="float32"))
+    j = b.cast(b.numpy.arange(in_size), "float32")  # in_size may be a dynamic scalar (export)
     step = length / float(out_size)
     centers = b.numpy.expand_dims(start, -1) + i * b.numpy.expand_dims(step, -1) - 0.5
     # Clamping to [-0.5, in - 0.5] keeps the nearest pixel within 0.5 (weight >= 0.5 before
     # normalising); for bilinear this is exactly clamp-to-edge interpolation.
-    centers = b.numpy.clip(centers, -0.5, in_size - 0.5)
+    centers = b.numpy.clip(centers, -0.5, b.cast(in_size, "float32") - 0.5)
     dist = b.numpy.abs(b.numpy.expand_dims(centers, -1) - j)
     if antialias:
         support = b.numpy.maximum(step, 1.0)

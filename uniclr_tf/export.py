@@ -136,21 +136,6 @@ def require_tensorflow_backend():
 # --------------------------------------------------------------------------------------------
 
 
-def _resize_matrix(start, length, in_size, out_size, antialias):
-    """``augment.resize_matrix`` for a dynamic ``in_size`` (scalar box): float32 ``[out, in]``."""
-    import tensorflow as tf
-    i = tf.constant(np.arange(out_size, dtype="float32") + 0.5)
-    j = tf.cast(tf.range(in_size), tf.float32)
-    step = length / float(out_size)
-    centers = start + i * step - 0.5
-    centers = tf.clip_by_value(centers, -0.5, tf.cast(in_size, tf.float32) - 0.5)
-    dist = tf.abs(centers[:, None] - j)
-    if antialias:
-        dist = dist / tf.maximum(step, 1.0)
-    weights = tf.maximum(1.0 - dist, 0.0)
-    return weights / tf.reduce_sum(weights, axis=-1, keepdims=True)
-
-
 def resample_to(images, size, crop_fraction=1.0, antialias=True, input_scale=255.0):
     """uint8 ``[B, h, w, C]`` of any (dynamic) h, w → float32 ``[B, H, W, C]`` divided by ``input_scale``.
 
@@ -166,6 +151,9 @@ def resample_to(images, size, crop_fraction=1.0, antialias=True, input_scale=255
     pixels by up to ~3e-6 (in [0, 1] units); ``EvalPreprocess`` in a ``tf.function`` gets the same.
     """
     import tensorflow as tf
+
+    from uniclr_tf.augment import resize_matrix
+
     out_h, out_w = size
     channels = images.shape[-1]
     x = tf.cast(images, tf.float32) * (1.0 / input_scale)
@@ -180,8 +168,8 @@ def resample_to(images, size, crop_fraction=1.0, antialias=True, input_scale=255
         y0, x0 = (hf - box_h) / 2.0, (wf - box_w) / 2.0
         f = float(crop_fraction)
         y0, x0, box_h, box_w = y0 + box_h * (1 - f) / 2, x0 + box_w * (1 - f) / 2, box_h * f, box_w * f
-        ry = _resize_matrix(y0, box_h, height, out_h, antialias)
-        rx = _resize_matrix(x0, box_w, width, out_w, antialias)
+        ry = resize_matrix(y0, box_h, height, out_h, antialias)
+        rx = resize_matrix(x0, box_w, width, out_w, antialias)
         # augment.apply_separable's choice of the cheaper contraction order (same rounding).
         rows_first = out_h * height * width + out_h * width * out_w <= height * width * out_w + out_h * height * out_w
         return tf.cond(rows_first,
