@@ -38,10 +38,39 @@ def knn_predict(train_features, train_labels, test_features, num_classes, k=200,
     return scores
 
 
+def topk_accuracy(scores, labels, ks=(1, 5)) -> dict:
+    """Fraction of rows whose label is among the ``k`` highest scores, for each ``k`` in ``ks``.
+
+    Args:
+      scores: ``[N, num_classes]`` logits or any scores (higher is better).
+      labels: ``[N]`` integer labels in ``[0, num_classes)``.
+      ks: the ``k`` values; a ``k`` above ``num_classes`` counts every row as correct.
+
+    Returns:
+      ``{"top1": float, "top5": float, ...}`` (fractions in [0, 1]). Ties are broken arbitrarily.
+    """
+    scores = np.asarray(scores)
+    labels = np.asarray(labels).astype(np.int64).reshape(-1)
+    if scores.ndim != 2 or len(scores) != len(labels):
+        raise ValueError(f"expected scores [N, num_classes] and labels [N]; received shapes "
+                         f"{scores.shape} and {labels.shape}")
+    if len(labels) == 0:
+        raise ValueError("cannot compute an accuracy over 0 examples")
+    if labels.min() < 0 or labels.max() >= scores.shape[1]:
+        raise ValueError(f"labels must lie in [0, {scores.shape[1]}); received range "
+                         f"[{labels.min()}, {labels.max()}]")
+    out = {}
+    for k in ks:
+        if int(k) < 1:
+            raise ValueError(f"k must be >= 1; received {k!r}")
+        kk = min(int(k), scores.shape[1])
+        top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
+        out[f"top{int(k)}"] = float(np.mean(np.any(top == labels[:, None], axis=1)))
+    return out
+
+
 def knn_accuracy(train_features, train_labels, test_features, test_labels, num_classes, k=200,
                  temperature=0.1, topk=(1,)):
     """Top-k accuracies (fractions in [0, 1]) of the weighted kNN classifier, as a dict."""
     scores = knn_predict(train_features, train_labels, test_features, num_classes, k, temperature)
-    test_labels = np.asarray(test_labels).astype(np.int64).reshape(-1)
-    ranked = np.argsort(-scores, axis=1)
-    return {f"top{t}": float(np.mean(np.any(ranked[:, :t] == test_labels[:, None], axis=1))) for t in topk}
+    return topk_accuracy(scores, test_labels, topk)

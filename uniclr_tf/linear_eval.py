@@ -35,9 +35,11 @@ import math
 import os
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
+
+from uniclr_tf.knn import topk_accuracy
 
 OPTIMIZERS = ("sgd", "lars")
 #: RandomResizedCrop area range of the linear-evaluation training augmentation (MoCo/SimCLR).
@@ -53,37 +55,6 @@ class RunError(ValueError):
 
 # ---------------------------------------------------------------------------------------------
 # Top-k accuracy
-
-
-def topk_accuracy(scores, labels, ks: Sequence[int] = (1, 5)) -> dict:
-    """Fraction of rows whose label is among the ``k`` highest scores, for each ``k`` in ``ks``.
-
-    Args:
-      scores: ``[N, num_classes]`` logits or any scores (higher is better).
-      labels: ``[N]`` integer labels in ``[0, num_classes)``.
-      ks: the ``k`` values; a ``k`` above ``num_classes`` counts every row as correct.
-
-    Returns:
-      ``{"top1": float, "top5": float, ...}`` (fractions in [0, 1]). Ties are broken arbitrarily.
-    """
-    scores = np.asarray(scores)
-    labels = np.asarray(labels).astype(np.int64).reshape(-1)
-    if scores.ndim != 2 or len(scores) != len(labels):
-        raise ValueError(f"expected scores [N, num_classes] and labels [N]; received shapes "
-                         f"{scores.shape} and {labels.shape}")
-    if len(labels) == 0:
-        raise ValueError("cannot compute an accuracy over 0 examples")
-    if labels.min() < 0 or labels.max() >= scores.shape[1]:
-        raise ValueError(f"labels must lie in [0, {scores.shape[1]}); received range "
-                         f"[{labels.min()}, {labels.max()}]")
-    out = {}
-    for k in ks:
-        if int(k) < 1:
-            raise ValueError(f"k must be >= 1; received {k!r}")
-        kk = min(int(k), scores.shape[1])
-        top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
-        out[f"top{int(k)}"] = float(np.mean(np.any(top == labels[:, None], axis=1)))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
