@@ -23,92 +23,38 @@ the data, so whitening-based losses go flat (SimTrace ≈ +1, SimWhitening ≈ l
 :func:`group_whiten` is the cheap variant: each of ``G`` feature groups whitened with its own
 statistics (block-diagonal ``Σ``), one batched Cholesky of ``G`` ``D/G × D/G`` matrices.
 
+:func:`subbatch_whiten` is W-MSE's whitening (Ermolov et al., ICML 2021), used by the W-MSE
+baseline loss: ONE view at a time, each contiguous sub-batch of rows with its own statistics.
+
+The generic tensor helpers (dtype handling, shape checks) live in :mod:`uniclr_tf.tensors`.
+
 Pure ``keras.ops``; TensorFlow and JAX are imported lazily, only inside the backend-specific
 precision branch of :func:`gram`.
 """
 
 import functools
+import numbers
 
 import keras
 from keras import ops
 
+from uniclr_tf.tensors import as_dtype
+from uniclr_tf.tensors import check_embedding
+from uniclr_tf.tensors import check_embedding_pair
+from uniclr_tf.tensors import compute_dtype
+from uniclr_tf.tensors import static_shape
+
 __all__ = [
-    "as_dtype",
     "batched_gram",
-    "check_embedding",
-    "check_embedding_pair",
     "check_groups",
-    "compute_dtype",
+    "check_whitening_size",
     "gram",
     "group_whiten",
     "joint_statistics",
     "split_gram",
-    "static_shape",
+    "subbatch_whiten",
     "whiten",
 ]
-
-_WIDE_DTYPES = ("float64",)
-
-
-def static_shape(x):
-    """The static shape of ``x`` as a tuple (``None`` for unknown dims); ``None`` if the rank is unknown."""
-    shape = getattr(x, "shape", None)
-    if shape is None:
-        return None
-    if hasattr(shape, "rank"):  # tf.TensorShape
-        if shape.rank is None:
-            return None
-    return tuple(None if d is None else int(d) for d in shape)
-
-
-def compute_dtype(*tensors):
-    """The dtype the objectives compute in: ``float64`` if any input is float64, else ``float32``."""
-    for t in tensors:
-        if keras.backend.standardize_dtype(t.dtype) in _WIDE_DTYPES:
-            return "float64"
-    return "float32"
-
-
-def check_embedding(z, name="z"):
-    """Converts ``z`` to a tensor and checks it is rank 2 (``[N, D]``, rows are samples)."""
-    z = ops.convert_to_tensor(z)
-    shape = static_shape(z)
-    if shape is not None and len(shape) != 2:
-        raise ValueError(
-            f"`{name}` must be a rank-2 tensor of shape [N, D] (rows are samples); "
-            f"received {name}.shape={shape}")
-    if not keras.backend.is_float_dtype(z.dtype):
-        raise ValueError(f"`{name}` must be a floating-point tensor; received dtype {z.dtype}")
-    return z
-
-
-def check_embedding_pair(z1, z2):
-    """Converts both views to tensors, checks ranks and that the shapes agree, upcasts to float32+.
-
-    Returns:
-        ``(z1, z2, dtype)`` with both tensors cast to ``dtype`` (see :func:`compute_dtype`).
-    """
-    z1 = check_embedding(z1, "z1")
-    z2 = check_embedding(z2, "z2")
-    s1, s2 = static_shape(z1), static_shape(z2)
-    if s1 is not None and s2 is not None:
-        if any(a is not None and b is not None and a != b for a, b in zip(s1, s2)):
-            raise ValueError(
-                "`z1` and `z2` must have the same shape [N, D] (two views of the same batch); "
-                f"received z1.shape={s1} and z2.shape={s2}")
-    dtype = compute_dtype(z1, z2)
-    return ops.cast(z1, dtype), ops.cast(z2, dtype), dtype
-
-
-def as_dtype(value, dtype):
-    """``value`` (a Python number or a tensor) as a tensor of ``dtype``.
-
-    Python numbers are converted straight to ``dtype``: ``ops.cast(0.01, "float64")`` would go
-    through float32 first and be off by 2e-9 relative.
-    """
-    if isinstance(value, (int, float)):
-        return ops.convert_to_tensor(value, dtype=dtype)
-    return ops.cast(value, dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -296,3 +242,80 @@ def group_whiten(z1, z2, groups=1, eps=1e-4, stop_gradient_cov=False):
     w = ops.reshape(ops.transpose(w, (2, 0, 1)), (-1, dim))              # [M, D]
     n = ops.shape(z1)[0]
     return w[:n], w[n:]
+
+
+# ----------------------------------------------------------------------------------------------
+# W-MSE whitening: one view, contiguous sub-batches, each with its own statistics
+# ----------------------------------------------------------------------------------------------
+
+def check_whitening_size(whitening_size, num_rows):
+    """Validates W-MSE's sub-batch size against the batch size ``num_rows`` (``None`` if unknown).
+
+    Returns the effective sub-batch size: ``whitening_size``, or ``num_rows`` when
+    ``whitening_size ≥ num_rows`` (one sub-batch).
+    """
+    if (isinstance(whitening_size, bool) or not isinstance(whitening_size, numbers.Integral)
+            or whitening_size < 2):
+        raise ValueError("`whitening_size` must be an integer >= 2 (the covariance of a sub-batch "
+                         f"divides by its size − 1); received whitening_size={whitening_size!r}")
+    whitening_size = int(whitening_size)
+    if num_rows is None:
+        return whitening_size
+    if whitening_size >= num_rows:
+        if num_rows < 2:
+            raise ValueError(f"W-MSE whitening needs at least 2 rows; received N={num_rows}")
+        return num_rows
+    if num_rows % whitening_size:
+        raise ValueError(
+            f"The batch size N={num_rows} must be a multiple of `whitening_size`; "
+            f"received whitening_size={whitening_size}")
+    return whitening_size
+
+
+def subbatch_whiten(z, whitening_size, eps=1e-4, name="z"):
+    """W-MSE whitening of ONE view: each contiguous sub-batch of rows with its own statistics.
+
+    Rows are samples: ``z`` is ``[N, D]``, split into ``N / m`` contiguous sub-batches ``V`` of
+    ``m = whitening_size`` rows (one sub-batch when ``whitening_size ≥ N``). As W-MSE's code
+    (Ermolov et al., ICML 2021) does, for each sub-batch::
+
+        μ_V = mean(V)                                      # [D]
+        Σ_V = (V − μ_V)ᵀ(V − μ_V) / (m − 1)                # unbiased, as W-MSE
+        (1 − ε)·Σ_V + ε·I = L Lᵀ                           # W-MSE's shrinkage ridge
+        w(V) = (V − μ_V) L⁻ᵀ                               # a triangular solve, no explicit inverse
+
+    One batched Cholesky of ``N/m`` ``D × D`` matrices, the covariance products at the precision of
+    :func:`batched_gram` (float32 or wider, highest matmul precision). The gradient flows through
+    ``μ_V`` and ``Σ_V`` (W-MSE detaches neither). Needs ``m > D``: with ``m ≤ D`` the centred rows of
+    a sub-batch are whitened to mutually orthogonal vectors whatever the data.
+
+    Args:
+        z: ``[N, D]`` embeddings of one view; ``N`` a multiple of ``whitening_size`` (or ≤ it;
+            when ``N`` is unknown at trace time it must be a multiple). ``D`` must be static.
+        whitening_size: sub-batch size ``m`` (an integer ≥ 2).
+        eps: shrinkage ``ε`` in ``[0, 1)``.
+        name: the argument name used in error messages.
+
+    Returns:
+        ``[N, D]`` whitened rows, float32 (float64 for float64 inputs).
+    """
+    z = check_embedding(z, name)
+    if isinstance(eps, (int, float)) and not 0 <= eps < 1:
+        raise ValueError(f"`eps` must be in [0, 1) (W-MSE's shrinkage); received eps={eps!r}")
+    shape = static_shape(z)
+    num_rows = None if shape is None else shape[0]
+    dim = None if shape is None else shape[1]
+    if dim is None:
+        raise ValueError(f"W-MSE whitening needs a static feature size D; received {name}.shape={shape}")
+    m = check_whitening_size(whitening_size, num_rows)
+    dtype = compute_dtype(z)
+    z = ops.cast(z, dtype)
+    v = ops.reshape(z, (-1, m, dim))                                      # [S, m, D]
+    centred = v - ops.mean(v, axis=1, keepdims=True)
+    eps_t = as_dtype(eps, dtype)
+    cov = batched_gram(centred) / as_dtype(m - 1, dtype)                  # [S, D, D]
+    cov = (1 - eps_t) * cov + eps_t * ops.eye(dim, dtype=dtype)
+    chol = ops.cholesky(cov)
+    # w = centred L⁻ᵀ  ⇔  wᵀ = L⁻¹ centredᵀ: one batched lower-triangular solve on [S, D, m].
+    w = ops.solve_triangular(chol, ops.swapaxes(centred, -1, -2), lower=True)
+    return ops.reshape(ops.swapaxes(w, -1, -2), (-1, dim))

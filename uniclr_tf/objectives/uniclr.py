@@ -1,5 +1,8 @@
 """UniCLR objectives: SimAffinity, SimWhitening, SimTrace and the symmetric loss (arXiv 2211.14516).
 
+One module of :mod:`uniclr_tf.objectives` (the baseline losses live in its sibling modules
+``contrastive``, ``asymmetric`` and ``redundancy``); the package re-exports every name.
+
 Every function here is a pure ``keras.ops`` function (TensorFlow and JAX backends). Rows are
 samples: ``z1`` and ``z2`` are the ``[N, D]`` embeddings of two views of the same batch (the paper
 writes ``Z ∈ R^{D×N}``; formulas here are the paper's, transposed). ``n(·)`` is ℓ2 normalisation
@@ -30,12 +33,14 @@ which replaces the ``D × D`` Cholesky by ``G`` batched ``D/G × D/G`` ones; ``g
 
 from keras import ops
 
-from uniclr_tf.whitening import as_dtype
-from uniclr_tf.whitening import check_embedding
-from uniclr_tf.whitening import check_embedding_pair
-from uniclr_tf.whitening import compute_dtype
+from uniclr_tf.tensors import as_dtype
+from uniclr_tf.tensors import check_embedding
+from uniclr_tf.tensors import check_embedding_pair
+from uniclr_tf.tensors import check_non_negative
+from uniclr_tf.tensors import check_positive
+from uniclr_tf.tensors import compute_dtype
+from uniclr_tf.tensors import static_shape
 from uniclr_tf.whitening import group_whiten
-from uniclr_tf.whitening import static_shape
 from uniclr_tf.whitening import whiten
 
 __all__ = [
@@ -56,18 +61,11 @@ WHITENING_MODES = ("cholesky", "one_sided")
 _L2_EPS = 1e-12  # as torch.nn.functional.normalize
 
 
-def _check_positive(value, name):
-    if isinstance(value, (int, float)) and not value > 0:
-        raise ValueError(f"`{name}` must be > 0; received {name}={value!r}")
-
-
-def _check_non_negative(value, name):
-    if isinstance(value, (int, float)) and not value >= 0:
-        raise ValueError(f"`{name}` must be >= 0; received {name}={value!r}")
-
-
 def l2_normalize(z):
-    """``n(z)``: each row divided by its ℓ2 norm (rows of norm < 1e-12 are divided by 1e-12)."""
+    """``n(z)``: each row divided by its ℓ2 norm (rows of norm < 1e-12 are divided by 1e-12).
+
+    Safe at ``z = 0``: the value is 0 and the gradient finite (no ``0/0``, no ``1/sqrt(0)``).
+    """
     sq = ops.sum(ops.square(z), axis=-1, keepdims=True)
     return z * ops.rsqrt(ops.maximum(sq, ops.cast(_L2_EPS**2, z.dtype)))
 
@@ -119,7 +117,7 @@ def affinity_matrix(z1, z2, temperature=1.0):
     Returns:
         ``[N, N]`` tensor, float32 (float64 for float64 inputs).
     """
-    _check_positive(temperature, "temperature")
+    check_positive(temperature, "temperature")
     z1, z2, dtype = check_embedding_pair(z1, z2)
     a = ops.matmul(l2_normalize(z1), ops.transpose(l2_normalize(z2)))
     return a / as_dtype(temperature, dtype)
@@ -161,7 +159,7 @@ def sim_affinity_loss(z1, z2, temperature=0.5, gamma=0.01, symmetric_directions=
         Scalar mean over the ``N`` rows, float32 (float64 for float64 inputs); with
         ``return_terms``, ``(loss, terms)``.
     """
-    _check_non_negative(gamma, "gamma")
+    check_non_negative(gamma, "gamma")
     a = affinity_matrix(z1, z2, temperature=temperature)
     return _affinity_objective(a, gamma, symmetric_directions, return_terms)
 
@@ -203,16 +201,16 @@ def sim_whitening_loss(z1, z2, temperature=1.0, gamma=0.01, eps=1e-4, mode="chol
     Returns:
         Scalar mean over the ``N`` rows, float32 (float64 for float64 inputs).
     """
-    _check_positive(temperature, "temperature")
-    _check_non_negative(gamma, "gamma")
+    check_positive(temperature, "temperature")
+    check_non_negative(gamma, "gamma")
     if mode not in WHITENING_MODES:
         raise ValueError(f"`mode` must be one of {WHITENING_MODES}; received mode={mode!r}")
     if mode == "cholesky":
-        _check_positive(eps, "eps")
+        check_positive(eps, "eps")
         w1, w2 = _whiten(z1, z2, eps, stop_gradient_cov, groups)
         a = affinity_matrix(w1, w2, temperature=temperature)
     else:
-        _check_positive(one_sided_ridge, "one_sided_ridge")
+        check_positive(one_sided_ridge, "one_sided_ridge")
         w1, w2 = _whiten(z1, z2, one_sided_ridge, stop_gradient_cov, groups)
         n = ops.cast(ops.shape(w1)[0], w1.dtype)
         a = ops.matmul(w1, ops.transpose(w2)) / (n * as_dtype(temperature, w1.dtype))
@@ -245,7 +243,7 @@ def sim_trace_loss(z1, z2, eps=1e-4, stop_gradient_cov=False, return_terms=False
         Scalar (a mean over the ``N`` rows), float32 (float64 for float64 inputs); with
         ``return_terms``, ``(loss, terms)``.
     """
-    _check_positive(eps, "eps")
+    check_positive(eps, "eps")
     w1, w2 = _whiten(z1, z2, eps, stop_gradient_cov, groups)
     loss = -ops.mean(ops.sum(w1 * w2, axis=1))
     return (loss, {"trace": loss}) if return_terms else loss

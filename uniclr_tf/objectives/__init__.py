@@ -1,0 +1,62 @@
+"""Self-supervised objectives as pure ``keras.ops`` functions (TensorFlow and JAX backends).
+
+Rows are samples: embeddings are ``[N, D]``. Every loss returns a scalar mean over this call's rows
+(float32, float64 for float64 inputs, bfloat16 / float16 upcast to float32 first) and, with
+``return_terms=True``, ``(loss, terms)``. One module per family; this package re-exports them all:
+
+* :mod:`~uniclr_tf.objectives.uniclr`: the UniCLR objectives (arXiv 2211.14516): SimAffinity,
+  SimWhitening, SimTrace, the symmetric loss, the affinity matrix, ``embedding_std``, ``l2_normalize``,
+  and the registry :data:`LOSSES` / :func:`get_objective` (the three UniCLR names only).
+* :mod:`~uniclr_tf.objectives.contrastive`: SimCLR's NT-Xent, MoCo's InfoNCE, CO2.
+* :mod:`~uniclr_tf.objectives.asymmetric`: BYOL, SimSiam's negative cosine.
+* :mod:`~uniclr_tf.objectives.redundancy`: Barlow Twins, VICReg, W-MSE.
+
+The whitening maths is in :mod:`uniclr_tf.whitening` (``whiten`` and ``group_whiten`` are
+re-exported here), the generic tensor helpers in :mod:`uniclr_tf.tensors`.
+"""
+
+from uniclr_tf.objectives.asymmetric import byol_loss
+from uniclr_tf.objectives.asymmetric import negative_cosine_loss
+from uniclr_tf.objectives.contrastive import co2_consistency
+from uniclr_tf.objectives.contrastive import co2_loss
+from uniclr_tf.objectives.contrastive import info_nce_loss
+from uniclr_tf.objectives.contrastive import nt_xent_loss
+from uniclr_tf.objectives.redundancy import barlow_twins_loss
+from uniclr_tf.objectives.redundancy import vicreg_loss
+from uniclr_tf.objectives.redundancy import wmse_loss
+from uniclr_tf.objectives.uniclr import LOSSES
+from uniclr_tf.objectives.uniclr import WHITENING_MODES
+from uniclr_tf.objectives.uniclr import affinity_matrix
+from uniclr_tf.objectives.uniclr import embedding_std
+from uniclr_tf.objectives.uniclr import get_objective
+from uniclr_tf.objectives.uniclr import group_whiten
+from uniclr_tf.objectives.uniclr import l2_normalize
+from uniclr_tf.objectives.uniclr import sim_affinity_loss
+from uniclr_tf.objectives.uniclr import sim_trace_loss
+from uniclr_tf.objectives.uniclr import sim_whitening_loss
+from uniclr_tf.objectives.uniclr import symmetry_loss
+from uniclr_tf.objectives.uniclr import whiten
+
+__all__ = [
+    "LOSSES",
+    "WHITENING_MODES",
+    "affinity_matrix",
+    "barlow_twins_loss",
+    "byol_loss",
+    "co2_consistency",
+    "co2_loss",
+    "embedding_std",
+    "get_objective",
+    "group_whiten",
+    "info_nce_loss",
+    "l2_normalize",
+    "negative_cosine_loss",
+    "nt_xent_loss",
+    "sim_affinity_loss",
+    "sim_trace_loss",
+    "sim_whitening_loss",
+    "symmetry_loss",
+    "vicreg_loss",
+    "whiten",
+    "wmse_loss",
+]
