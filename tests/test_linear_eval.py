@@ -129,7 +129,7 @@ def test_cli_bad_run_folder_exits_with_one_line(what, run_dir, tmp_path):
     assert "Traceback" not in proc.stderr
     line = last_line(proc.stderr)
     assert line.startswith("error: ") and str(target) in line, proc.stderr[-2000:]
-    assert ("no such run folder" in line) if what == "no_folder" else ("missing encoder.keras" in line)
+    assert ("does not exist" in line) if what == "no_folder" else ("missing encoder.keras" in line)
 
 
 # --- the library ----------------------------------------------------------------------------------

@@ -1,24 +1,99 @@
-"""Feature extraction and the kNN / raw-pixel evaluations shared by training, monitor and CLIs."""
+"""Feature extraction and the kNN / raw-pixel evaluations shared by training, monitor and CLIs.
+
+:func:`extract_features` is the one way backbone features are computed for evaluation (the kNN
+monitor of ``train``/``callbacks`` and ``linear_eval``). It imports no TensorFlow: in-memory
+NumPy data works on a JAX-only machine; a ``tf.data`` dataset is only iterated.
+"""
 
 import numpy as np
 
 from uniclr_tf import knn
 
 
-def extract_features(encoder, images, preprocess, batch_size=512):
-    """Backbone features of uint8 ``images`` ``[N, H, W, C]`` (inference mode), as float32 NumPy."""
-    outputs = []
-    for start in range(0, len(images), batch_size):
-        x = preprocess(images[start:start + batch_size])
-        outputs.append(np.asarray(encoder.predict_on_batch(x), dtype=np.float32))  # compiled, inference BN
-    return np.concatenate(outputs, axis=0)
+def _is_in_memory(source):
+    """``(images, labels)`` arrays, as opposed to an iterable of such batches."""
+    return (isinstance(source, (tuple, list)) and len(source) == 2 and hasattr(source[0], "shape")
+            and len(getattr(source[0], "shape", ())) >= 2)
+
+
+def _to_numpy(x):
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "numpy"):  # eager TF tensors
+        return x.numpy()
+    return np.asarray(x)
+
+
+def _batches(source, batch_size):
+    """``(images, labels or None)`` NumPy batches of ``source`` (see :func:`extract_features`)."""
+    if _is_in_memory(source):
+        images, labels = source
+        for start in range(0, len(images), batch_size):
+            yield images[start:start + batch_size], (None if labels is None else labels[start:start + batch_size])
+        return
+    iterator = source.as_numpy_iterator() if hasattr(source, "as_numpy_iterator") else iter(source)
+    for batch in iterator:
+        if isinstance(batch, (tuple, list)):
+            if len(batch) != 2:
+                raise ValueError(f"expected batches of (images, labels); received a {type(batch).__name__} "
+                                 f"of {len(batch)} items")
+            x, y = batch
+        else:
+            x, y = batch, None
+        yield _to_numpy(x), (None if y is None else _to_numpy(y))
+
+
+def extract_features(encoder, preprocess, source, batch_size=512):
+    """Backbone features of every image of ``source``, in inference mode.
+
+    Args:
+      encoder: a ``keras.Model`` mapping preprocessed images ``[B, H, W, C]`` to features ``[B, F]``.
+        It runs through ``encoder.predict_on_batch``: Keras's compiled (``tf.function`` / jitted)
+        predict function, cached on the model across calls, with inference-mode batch norm.
+      preprocess: callable applied to each uint8 batch before the encoder (e.g.
+        :class:`uniclr_tf.augment.EvalPreprocess`), or None when ``source`` yields model-ready inputs.
+      source: either in-memory ``(images, labels)`` NumPy arrays (``labels`` may be None), read
+        in slices of ``batch_size``; or an iterable of ``(images, labels)`` batches, e.g. a
+        batched ``tf.data.Dataset`` (iterated with ``as_numpy_iterator``), used as batched.
+      batch_size: slice size of the in-memory path.
+
+    Returns:
+      ``(features float32 [N, F], labels int64 [N] or None)``; ``N`` may be 0 (features ``[0, 0]``).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1; received {batch_size}")
+    features, labels = [], []
+    has_labels = None
+    for x, y in _batches(source, int(batch_size)):
+        if len(x) == 0:
+            continue
+        if preprocess is not None:
+            x = preprocess(x)
+        out = np.asarray(encoder.predict_on_batch(x), dtype=np.float32)
+        features.append(out.reshape(len(out), -1))
+        if has_labels is None:
+            has_labels = y is not None
+        elif has_labels != (y is not None):
+            raise ValueError("some batches have labels and others do not")
+        if y is not None:
+            labels.append(np.asarray(y).astype(np.int64).reshape(-1))
+    if not features:
+        return np.zeros((0, 0), np.float32), (np.zeros((0,), np.int64) if has_labels is not False else None)
+    return np.concatenate(features), (np.concatenate(labels) if has_labels else None)
 
 
 def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0.1, batch_size=512):
-    """Weighted kNN top-1/top-5 of ``encoder`` features; ``train``/``test`` are (images, labels)."""
-    train_f = extract_features(encoder, train[0], preprocess, batch_size)
-    test_f = extract_features(encoder, test[0], preprocess, batch_size)
-    return knn.knn_accuracy(train_f, train[1], test_f, test[1], num_classes, k, temperature, topk=(1, 5))
+    """Weighted kNN top-1/top-5 of ``encoder`` features.
+
+    ``train`` (the memory bank) and ``test`` are ``(images, labels)`` arrays or batched
+    ``(images, labels)`` iterables (see :func:`extract_features`). Returns ``{"top1", "top5"}``,
+    fractions in [0, 1].
+    """
+    train_f, train_y = extract_features(encoder, preprocess, train, batch_size)
+    test_f, test_y = extract_features(encoder, preprocess, test, batch_size)
+    if train_y is None or test_y is None:
+        raise ValueError("kNN evaluation needs labels for the train (memory bank) and test data")
+    return knn.knn_accuracy(train_f, train_y, test_f, test_y, num_classes, k, temperature, topk=(1, 5))
 
 
 def raw_pixel_knn(train, test, num_classes, k=200, temperature=0.1):

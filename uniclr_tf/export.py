@@ -25,8 +25,12 @@ Export needs the TensorFlow backend (SavedModel). ``--check`` loads the SavedMod
 compares with ``EvalPreprocess`` + ``encoder.keras`` + ``projector.keras`` of the run folder; it exits
 non-zero when a difference exceeds ``--tolerance`` (1e-5; see :func:`check_export`).
 
-Only NumPy is imported at module level: :func:`check_images` serves ``export/client.py`` without
-TensorFlow or Keras.
+The run folder is read through :class:`uniclr_tf.runs.RunFolder`: a missing or corrupt file stops
+with one ``RunFolderError`` line naming it. ``backbone.keras`` and ``export.json`` are written
+atomically (a crash leaves the previous file or none, never a torn one).
+
+Only NumPy (and the standard-library :mod:`uniclr_tf.runs`) is imported at module level:
+:func:`check_images` serves ``export/client.py`` without TensorFlow or Keras.
 """
 
 import json
@@ -35,10 +39,13 @@ import sys
 
 import numpy as np
 
+from uniclr_tf.runs import (CONFIG_FILE, DATASET_FILE, ENCODER_FILE, PROJECTOR_FILE, RunFolder, atomic_save,
+                            atomic_write_json)
+
 SIGNATURE = "serving_default"
 INPUT_NAME = "images"
 OUTPUT_NAMES = ("features", "embedding")
-RUN_FILES = ("encoder.keras", "projector.keras", "dataset.json")
+RUN_FILES = (ENCODER_FILE, PROJECTOR_FILE, DATASET_FILE)  # config.json is optional (metadata only)
 SAVED_MODEL_FILE = "saved_model.pb"
 BACKBONE_FILE = "backbone.keras"
 EXPORT_JSON = "export.json"
@@ -77,27 +84,9 @@ def check_images(images, channels):
 
 
 def check_run_dir(run_dir):
-    """Raises ``FileNotFoundError`` (one line naming the missing file) unless ``run_dir`` is usable."""
-    if not os.path.isdir(run_dir):
-        raise FileNotFoundError(f"run folder {run_dir!r} does not exist")
-    for name in RUN_FILES:
-        if not os.path.isfile(os.path.join(run_dir, name)):
-            raise FileNotFoundError(f"run folder {run_dir!r} has no {name} (uniclr_tf.train writes "
-                                    f"{', '.join(RUN_FILES)} at the end of a run)")
-
-
-def read_dataset_info(run_dir):
-    """``dataset.json`` of a run, validated: image_shape [H, W, C] and per-channel mean/std."""
-    path = os.path.join(run_dir, "dataset.json")
-    with open(path) as f:
-        info = json.load(f)
-    shape = info.get("image_shape")
-    if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(d, int) and d > 0 for d in shape)):
-        raise ValueError(f"{path}: image_shape must be [H, W, C] of positive ints; received {shape!r}")
-    for key in ("mean", "std"):
-        if not isinstance(info.get(key), list) or len(info[key]) not in (1, shape[-1]):
-            raise ValueError(f"{path}: {key} must be a list of 1 or {shape[-1]} numbers; received {info.get(key)!r}")
-    return info
+    """The :class:`uniclr_tf.runs.RunFolder` of ``run_dir``; raises ``RunFolderError`` (a
+    ``ValueError``, one line naming the folder and the missing file) unless it holds ``RUN_FILES``."""
+    return RunFolder(run_dir, require=RUN_FILES)
 
 
 def find_saved_model(export_dir):
@@ -214,16 +203,13 @@ def build_serving_fn(encoder, projector, preprocess):
 
 
 def load_run(run_dir):
-    """``(encoder, projector, EvalPreprocess, dataset info)`` of a run folder."""
-    import keras
-    from uniclr_tf.augment import EvalPreprocess
-    check_run_dir(run_dir)
-    info = read_dataset_info(run_dir)
-    encoder = keras.saving.load_model(os.path.join(run_dir, "encoder.keras"), compile=False)
-    projector = keras.saving.load_model(os.path.join(run_dir, "projector.keras"), compile=False)
-    height, width, _ = info["image_shape"]
-    preprocess = EvalPreprocess((height, width), mean=info["mean"], std=info["std"])
-    return encoder, projector, preprocess, info
+    """``(encoder, projector, EvalPreprocess, dataset.json dict)`` of a run folder, checked
+    (channels, feature size) by :class:`uniclr_tf.runs.RunFolder`."""
+    folder = check_run_dir(run_dir)
+    info = folder.dataset
+    encoder = folder.load_encoder()
+    projector = folder.load_projector(feature_dim=encoder.output_shape[-1])
+    return encoder, projector, folder.eval_preprocess(), info
 
 
 def export_run(run_dir, out_dir, version=None):
@@ -232,22 +218,17 @@ def export_run(run_dir, out_dir, version=None):
     Writes the SavedModel to ``out_dir`` (or ``out_dir/<version>`` when ``version`` is given, the
     layout TF Serving needs), ``out_dir/backbone.keras`` and ``out_dir/export.json``.
     """
-    check_run_dir(run_dir)
+    folder = check_run_dir(run_dir)
     if version is not None and (not isinstance(version, int) or version < 1):
         raise ValueError(f"version must be a positive int (TF Serving's version folder); received {version!r}")
     require_tensorflow_backend()
     import keras
     import tensorflow as tf
 
+    config = folder.config if folder.has(CONFIG_FILE) else {}  # optional (metadata); checked before the slow work
     encoder, projector, preprocess, info = load_run(run_dir)
     height, width, channels = info["image_shape"]
-    if encoder.input_shape[-1] != channels:
-        raise ValueError(f"encoder.keras takes {encoder.input_shape[-1]} channels but dataset.json "
-                         f"says image_shape {info['image_shape']}")
     feat_dim, emb_dim = int(encoder.output_shape[-1]), int(projector.output_shape[-1])
-    if int(projector.input_shape[-1]) != feat_dim:
-        raise ValueError(f"projector.keras takes {projector.input_shape[-1]}-d inputs but the encoder "
-                         f"gives {feat_dim}-d features")
 
     saved_model_dir = out_dir if version is None else os.path.join(out_dir, str(version))
     os.makedirs(out_dir, exist_ok=True)
@@ -257,12 +238,8 @@ def export_run(run_dir, out_dir, version=None):
     archive.add_endpoint(SIGNATURE, build_serving_fn(encoder, projector, preprocess),
                          input_signature=[tf.TensorSpec([None, None, None, channels], tf.uint8, name=INPUT_NAME)])
     archive.write_out(saved_model_dir, verbose=False)
-    encoder.save(os.path.join(out_dir, BACKBONE_FILE))
+    atomic_save(os.path.join(out_dir, BACKBONE_FILE), lambda tmp: encoder.save(tmp))
 
-    config = {}
-    if os.path.isfile(os.path.join(run_dir, "config.json")):
-        with open(os.path.join(run_dir, "config.json")) as f:
-            config = json.load(f)
     meta = {
         "format": "tf_saved_model",
         "saved_model_dir": os.path.relpath(saved_model_dir, out_dir),
@@ -284,12 +261,11 @@ def export_run(run_dir, out_dir, version=None):
         "source_run": os.path.abspath(run_dir),
         "dataset": info.get("dataset"),
         "encoder": config.get("encoder"),
-        "objective": config.get("objective"),
+        "objective": config.get("objective", config.get("method")),
         "keras_version": keras.__version__,
         "tensorflow_version": tf.__version__,
     }
-    with open(os.path.join(out_dir, EXPORT_JSON), "w") as f:
-        json.dump(meta, f, indent=2, default=list)
+    atomic_write_json(os.path.join(out_dir, EXPORT_JSON), meta)
     return meta
 
 

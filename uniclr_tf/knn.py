@@ -1,8 +1,9 @@
 """Weighted k-nearest-neighbour evaluation (Wu et al. 2018; the usual SSL monitor).
 
 Features are ℓ2-normalised; each test sample votes with its ``k`` most similar training samples,
-weighted by ``exp(similarity / T)``. Defaults k=200, T=0.1 (PAPER.md). NumPy only, chunked over
-the test set so 60k×10k similarities never sit in memory at once.
+weighted by ``exp(similarity / T)``. The defaults k=200, T=0.1 are the common choice for a kNN
+monitor of self-supervised features (Wu et al. 2018 and most re-implementations). NumPy only,
+chunked over the test set so 60k×10k similarities never sit in memory at once.
 """
 
 import numpy as np
@@ -23,8 +24,12 @@ def knn_predict(train_features, train_labels, test_features, num_classes, k=200,
         raise ValueError(f"train_features has {len(train)} rows but train_labels has {len(train_labels)}")
     if train.shape[1] != test.shape[1]:
         raise ValueError(f"feature sizes differ: train {train.shape[1]}, test {test.shape[1]}")
+    if len(train) == 0:
+        raise ValueError("kNN needs a non-empty memory bank; train_features has 0 rows")
     if train_labels.min() < 0:
         raise ValueError("kNN needs labelled training data; found labels < 0 (unlabelled)")
+    if train_labels.max() >= num_classes:
+        raise ValueError(f"train_labels must lie in [0, {num_classes}); found {train_labels.max()}")
     k = min(int(k), len(train))
     scores = np.zeros((len(test), num_classes), np.float32)
     for start in range(0, len(test), chunk_size):

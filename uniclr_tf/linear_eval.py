@@ -2,9 +2,9 @@ r"""Linear evaluation (and weighted kNN) of a pretrained backbone.
 
     python -m uniclr_tf.linear_eval --run_dir=runs/demo [--noaugment] [--knn] [--flag=value ...]
 
-The protocol is the paper's (§4.1, PAPER.md): the backbone is frozen (inference-mode batch norm,
-no gradient reaches it) and a single linear layer is trained on its features with SGD, learning
-rate 30 for a batch of 256 (scaled linearly with ``--batch_size``), momentum 0.9, no weight decay,
+The protocol is the UniCLR paper's (its §4.1, the usual SimCLR/MoCo protocol): the backbone is
+frozen (inference-mode batch norm, no gradient reaches it) and a single linear layer is trained on
+its features with SGD, learning rate 30 for a batch of 256 (scaled linearly with ``--batch_size``), momentum 0.9, no weight decay,
 a cosine schedule (no warm-up) and 100 epochs (CIFAR, ImageNet-100). For ImageNet-1K the paper uses
 LARS, base rate 0.02, batch 1024, 90 epochs: ``--optimizer=lars --learning_rate=0.02
 --batch_size=1024 --epochs=90``. The classifier starts from N(0, 0.01²) weights and zero bias. The
@@ -14,13 +14,17 @@ faster, on a CPU by orders of magnitude). The test split is always read with ``E
 Top-1 and top-5 are those of the FINAL epoch (nothing is selected on the test split); per-epoch
 test accuracies are only monitored (TensorBoard ``RUN/linear_eval_tb``).
 
-``--knn`` runs the weighted kNN classifier instead (k=200, T=0.1: ℓ2-normalised backbone features,
-training split as the memory bank). Both modes merge their section (``"linear"`` or ``"knn"``)
+``--knn`` runs the weighted kNN classifier instead (``uniclr_tf.evaluation.knn_eval``, the one the
+training monitor uses; k=200, T=0.1: ℓ2-normalised backbone features, training split as the
+memory bank). Both modes merge their section (``"linear"`` or ``"knn"``)
 into ``RUN/linear_eval.json`` (or ``--out``), keeping the other one.
 
 The run folder is one written by ``uniclr_tf.train``: ``encoder.keras`` (normalised float images
 ``[B, H, W, C]`` -> features ``[B, F]``), ``dataset.json`` (shape, classes, the normalisation
-statistics used in pretraining) and ``config.json`` (how to reload the same data).
+statistics used in pretraining) and ``config.json`` (how to reload the same data), read through
+:class:`uniclr_tf.runs.RunFolder` (whose ``RunFolderError`` names a missing or corrupt file).
+Features come from :func:`uniclr_tf.evaluation.extract_features` and the optimizer from
+:func:`uniclr_tf.optimizers.build_optimizer`; the results JSON is written atomically.
 
 Library use needs no flags::
 
@@ -39,22 +43,22 @@ from typing import Optional
 
 import numpy as np
 
+from uniclr_tf import runs
+from uniclr_tf.evaluation import extract_features
 from uniclr_tf.knn import topk_accuracy
+from uniclr_tf.runs import RunFolderError
 
 OPTIMIZERS = ("sgd", "lars")
 #: RandomResizedCrop area range of the linear-evaluation training augmentation (MoCo/SimCLR).
 CROP_SCALE = (0.08, 1.0)
-RUN_FILES = ("encoder.keras", "dataset.json", "config.json")
+RUN_FILES = (runs.ENCODER_FILE, runs.DATASET_FILE, runs.CONFIG_FILE)
 RESULTS_FILE = "linear_eval.json"
 TB_DIR = "linear_eval_tb"
 
 
-class RunError(ValueError):
-    """A run folder that cannot be evaluated; the message is one line naming the culprit."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Top-k accuracy
+class RunError(RunFolderError):
+    """A run that cannot be evaluated (e.g. unlabelled data); the message is one line naming the
+    culprit. Problems with the run folder's files raise its base, :class:`uniclr_tf.runs.RunFolderError`."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,90 +70,65 @@ class Run:
     """What :func:`load_run` found in a run folder.
 
     Attributes:
-      run_dir: the folder.
+      folder: the :class:`uniclr_tf.runs.RunFolder`.
       encoder: the backbone (``keras.Model``), loaded without compiling.
-      dataset: ``dataset.json`` as a dict.
-      config: the pretraining ``TrainConfig``.
     """
 
-    run_dir: str
+    folder: runs.RunFolder
     encoder: object = dataclasses.field(repr=False)
-    dataset: dict = dataclasses.field(repr=False)
-    config: object = dataclasses.field(repr=False)
+
+    @property
+    def run_dir(self):
+        return self.folder.path
+
+    @property
+    def dataset(self) -> dict:
+        """``dataset.json`` as a dict."""
+        return self.folder.dataset
+
+    @property
+    def config(self) -> dict:
+        """``config.json`` (the pretraining settings) as a dict."""
+        return self.folder.config
 
     @property
     def image_shape(self):
-        return tuple(int(d) for d in self.dataset["image_shape"])
+        return self.folder.image_shape
 
     @property
     def num_classes(self):
-        return self.dataset.get("num_classes")
+        return self.folder.num_classes
 
     @property
     def mean(self):
-        return tuple(float(m) for m in self.dataset["mean"])
+        return self.folder.mean
 
     @property
     def std(self):
-        return tuple(float(s) for s in self.dataset["std"])
+        return self.folder.std
 
 
-def check_run_dir(run_dir: str) -> None:
-    """Raises :class:`RunError` (one line) unless ``run_dir`` holds the files of a train run."""
-    if not run_dir:
-        raise RunError("--run_dir is required (a folder written by uniclr_tf.train)")
-    if not os.path.isdir(run_dir):
-        raise RunError(f"{run_dir}: no such run folder")
-    missing = [f for f in RUN_FILES if not os.path.isfile(os.path.join(run_dir, f))]
-    if missing:
-        raise RunError(f"{run_dir}: missing {', '.join(missing)} (expected a run folder written by "
-                       f"uniclr_tf.train)")
-
-
-def _read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise RunError(f"{path}: cannot read JSON ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+def check_run_dir(run_dir: str) -> runs.RunFolder:
+    """The :class:`~uniclr_tf.runs.RunFolder` of ``run_dir``; raises :class:`RunFolderError` (one
+    line) unless it holds the files linear evaluation reads. Cheap: no Keras import."""
+    return runs.RunFolder(run_dir, require=RUN_FILES)
 
 
 def load_run(run_dir: str, require_labels: bool = True) -> Run:
     """Loads ``encoder.keras``, ``dataset.json`` and ``config.json`` of a ``uniclr_tf.train`` run.
 
     Raises:
-      RunError: missing folder or file, unreadable file, unlabelled dataset (``require_labels``),
-        or an encoder that does not map images to ``[B, F]`` features.
+      RunFolderError: missing folder or file, unreadable file, or an encoder that does not map
+        images to ``[B, F]`` features.
+      RunError: an unlabelled dataset (with ``require_labels``).
     """
-    check_run_dir(run_dir)
-    from uniclr_tf.config import TrainConfig
-
-    dataset = _read_json(os.path.join(run_dir, "dataset.json"))
-    for key in ("dataset", "image_shape", "mean", "std"):
-        if key not in dataset:
-            raise RunError(f"{os.path.join(run_dir, 'dataset.json')}: no {key!r} entry")
-    if require_labels and not dataset.get("num_classes"):
-        raise RunError(f"{run_dir}: dataset {dataset['dataset']!r} is unlabelled (num_classes "
-                       f"{dataset.get('num_classes')!r} in dataset.json); linear and kNN evaluation need labels")
-    config_path = os.path.join(run_dir, "config.json")
-    try:
-        with open(config_path) as f:
-            config = TrainConfig.from_json(f.read())
-    except (OSError, ValueError, TypeError) as e:
-        raise RunError(f"{config_path}: not a TrainConfig ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-
-    import keras
-
-    encoder_path = os.path.join(run_dir, "encoder.keras")
-    try:
-        encoder = keras.saving.load_model(encoder_path, compile=False)
-    except Exception as e:  # a corrupt or foreign file: say which, in one line
-        raise RunError(f"{encoder_path}: cannot load the encoder ({type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    if len(encoder.output_shape) != 2:
-        raise RunError(f"{encoder_path}: expected an encoder with features [B, F]; its output shape is "
-                       f"{encoder.output_shape}")
-    return Run(run_dir=run_dir, encoder=encoder, dataset=dataset, config=config)
+    folder = check_run_dir(run_dir)
+    dataset, _ = folder.dataset, folder.config  # read (and checked) before the slow model load
+    if require_labels and not folder.num_classes:
+        raise RunError(f"run folder {folder.path!r}: dataset {dataset.get('dataset')!r} is unlabelled "
+                       f"(num_classes {dataset.get('num_classes')!r} in dataset.json); linear and kNN "
+                       f"evaluation need labels")
+    return Run(folder=folder, encoder=folder.load_encoder())
 
 
 def load_run_data(run: Run, max_examples: Optional[int] = None):
@@ -158,25 +137,28 @@ def load_run_data(run: Run, max_examples: Optional[int] = None):
     Args:
       run: from :func:`load_run`.
       max_examples: cap EACH split at this many examples; None uses the run's own
-        ``--max_examples`` (0 there: all).
+        ``max_examples`` (0 there: all).
 
     Returns:
       A :class:`uniclr_tf.data.DatasetInfo`, checked against ``dataset.json`` and for labels.
     """
     from uniclr_tf import data
 
-    cfg = run.config
-    cap = max_examples if max_examples else (cfg.max_examples or None)
-    info = data.load_dataset(cfg.dataset, image_size=cfg.image_size or None, data_dir=cfg.data_dir or None,
-                             skip_bad_files=cfg.skip_bad_files, max_examples=cap)
+    cfg, folder = run.config, run.folder
+    spec = folder.dataset_spec
+    if not spec:
+        raise folder.error(runs.CONFIG_FILE, "names no dataset (nor does dataset.json)")
+    cap = max_examples if max_examples else (cfg.get("max_examples") or None)
+    info = data.load_dataset(spec, image_size=cfg.get("image_size") or None, data_dir=cfg.get("data_dir") or None,
+                             skip_bad_files=bool(cfg.get("skip_bad_files", False)), max_examples=cap)
     if tuple(info.image_shape) != run.image_shape:
-        raise RunError(f"{run.run_dir}: {cfg.dataset} reloads as images {tuple(info.image_shape)} but "
+        raise RunError(f"run folder {folder.path!r}: {spec} reloads as images {tuple(info.image_shape)} but "
                        f"dataset.json says {run.image_shape}")
     if not info.num_classes:
-        raise RunError(f"{run.run_dir}: dataset {cfg.dataset!r} is unlabelled; linear and kNN evaluation "
+        raise RunError(f"run folder {folder.path!r}: dataset {spec!r} is unlabelled; linear and kNN evaluation "
                        f"need labels")
     if info.num_test == 0:
-        raise RunError(f"{run.run_dir}: dataset {cfg.dataset!r} has an empty test split")
+        raise RunError(f"run folder {folder.path!r}: dataset {spec!r} has an empty test split")
     return info
 
 
@@ -184,21 +166,24 @@ def load_run_data(run: Run, max_examples: Optional[int] = None):
 # Features, linear classifier, kNN
 
 
-def extract_features(encoder, info, split: str, preprocess, batch_size: int = 512):
-    """Frozen-backbone features of a whole split: ``(float32 [N, F], int64 labels [N])``.
-
-    Streams the split through ``uniclr_tf.data.eval_dataset`` (``preprocess`` runs in tf.data),
-    so streamed (tfds) splits need not fit in memory as images.
-    """
+def split_source(info, split: str, batch_size: int):
+    """What :func:`uniclr_tf.evaluation.extract_features` reads for a split: its ``(images,
+    labels)`` arrays when in memory (no TensorFlow needed), else the streamed split batched
+    through ``uniclr_tf.data.eval_dataset`` (uint8, file order)."""
     from uniclr_tf import data
 
-    features, labels = [], []
-    for x, y in data.eval_dataset(info, split, batch_size, preprocess).as_numpy_iterator():
-        features.append(np.asarray(encoder.predict_on_batch(x), np.float32))
-        labels.append(np.asarray(y, np.int64))
-    if not features:
+    part = info.split(split)
+    if part.in_memory:
+        return part.images, part.labels
+    return data.eval_dataset(info, split, batch_size)
+
+
+def _split_features(encoder, preprocess, info, split, batch_size):
+    """Frozen-backbone features of a whole split: ``(float32 [N, F], int64 labels [N])``."""
+    features, labels = extract_features(encoder, preprocess, split_source(info, split, batch_size), batch_size)
+    if len(features) == 0:
         raise RunError(f"{info.spec or info.name}: split {split!r} is empty")
-    return np.concatenate(features), np.concatenate(labels)
+    return features, labels
 
 
 def _check_labels(labels, num_classes, split):
@@ -215,17 +200,13 @@ def _head_scores(head, features, chunk=8192):
 
 def _make_optimizer(optimizer, learning_rate, batch_size, total_steps, momentum, weight_decay):
     """SGD (or LARS) with a cosine schedule from ``batch_size / 256 · learning_rate`` to 0."""
-    import keras
-
-    from uniclr_tf.optimizers import LARS
+    from uniclr_tf.optimizers import build_optimizer
     from uniclr_tf.schedules import WarmupCosine
 
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}; received {optimizer!r}")
     schedule = WarmupCosine(learning_rate, batch_size, total_steps=total_steps, warmup_steps=0)
-    if optimizer == "lars":
-        return LARS(schedule, momentum=momentum, weight_decay=weight_decay)
-    if optimizer == "sgd":
-        return keras.optimizers.SGD(schedule, momentum=momentum, weight_decay=weight_decay or None)
-    raise ValueError(f"optimizer must be one of {OPTIMIZERS}; received {optimizer!r}")
+    return build_optimizer(optimizer, schedule, momentum=momentum, weight_decay=weight_decay)
 
 
 def _test_monitor(head, test_features, test_labels):
@@ -289,7 +270,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
     was_trainable = encoder.trainable
     encoder.trainable = False
     try:
-        test_x, test_y = extract_features(encoder, info, "test", preprocess, feature_batch_size)
+        test_x, test_y = _split_features(encoder, preprocess, info, "test", feature_batch_size)
         _check_labels(test_y, num_classes, "test")
         feature_dim = test_x.shape[1]
         init = keras.initializers.RandomNormal(stddev=0.01, seed=seed)  # as the authors' code
@@ -310,7 +291,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
             model = keras.Model(inputs, head(encoder(inputs, training=False)), name="linear_eval")
             fit_args = dict(x=train_ds, steps_per_epoch=steps_per_epoch)
         else:
-            train_x, train_y = extract_features(encoder, info, "train", preprocess, feature_batch_size)
+            train_x, train_y = _split_features(encoder, preprocess, info, "train", feature_batch_size)
             _check_labels(train_y, num_classes, "train")
             steps_per_epoch = math.ceil(num_train / batch_size)
             model = head
@@ -345,10 +326,11 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
     }
 
 
-def knn_eval(encoder, info, k: int = 200, temperature: float = 0.1, mean=None, std=None,
-             batch_size: int = 512) -> dict:
-    """Weighted kNN (``uniclr_tf.evaluation.knn_eval``) of ``encoder`` features, train vs test."""
-    from uniclr_tf import data, evaluation
+def knn_result(encoder, info, k: int = 200, temperature: float = 0.1, mean=None, std=None,
+               batch_size: int = 512) -> dict:
+    """:func:`uniclr_tf.evaluation.knn_eval` of ``encoder`` on ``info`` (training split as the
+    memory bank, test split as queries), with the settings, as ``linear_eval.json`` records it."""
+    from uniclr_tf import evaluation
     from uniclr_tf.augment import EvalPreprocess
 
     if not info.num_classes:
@@ -357,13 +339,14 @@ def knn_eval(encoder, info, k: int = 200, temperature: float = 0.1, mean=None, s
     mean = tuple(info.mean if mean is None else mean)
     std = tuple(info.std if std is None else std)
     preprocess = EvalPreprocess(tuple(info.image_shape[:2]), mean, std)
-    train = data.as_numpy(info, "train")
-    test = data.as_numpy(info, "test")
-    _check_labels(train[1], info.num_classes, "train")
-    acc = evaluation.knn_eval(encoder, preprocess, train, test, info.num_classes, k, temperature, batch_size)
+    if info.split("train").in_memory:
+        _check_labels(info.split("train").labels, int(info.num_classes), "train")
+    acc = evaluation.knn_eval(encoder, preprocess, split_source(info, "train", batch_size),
+                              split_source(info, "test", batch_size), int(info.num_classes), k, temperature,
+                              batch_size)
     return {"top1": acc["top1"], "top5": acc["top5"],
-            "settings": {"k": int(k), "temperature": float(temperature), "memory_bank": int(len(train[1])),
-                         "num_test": int(len(test[1])), "seconds": round(time.time() - start, 2)}}
+            "settings": {"k": int(k), "temperature": float(temperature), "memory_bank": int(info.num_train),
+                         "num_test": int(info.num_test), "seconds": round(time.time() - start, 2)}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,7 +394,11 @@ class LinearEvalConfig:
 
 
 def _merge_json(path, section, value, extra):
-    """Writes ``{section: value}`` (and ``extra``) into the JSON at ``path``, keeping other sections."""
+    """Writes ``{section: value}`` (and ``extra``) into the JSON at ``path``, keeping other sections.
+
+    Written atomically as strict JSON (a non-finite loss becomes ``null``); an unreadable
+    previous file is replaced.
+    """
     results = {}
     if os.path.isfile(path):
         try:
@@ -423,12 +410,7 @@ def _merge_json(path, section, value, extra):
             results = {}
     results.update(extra)
     results[section] = value
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2)
-    os.replace(tmp, path)
+    runs.atomic_write_json(path, results)
     return results
 
 
@@ -437,9 +419,9 @@ def run(cfg: LinearEvalConfig) -> dict:
     check_run_dir(cfg.run_dir)  # before the slow imports: a typo fails at once
     run_ = load_run(cfg.run_dir)
     info = load_run_data(run_, cfg.max_examples or None)
-    extra = {"run_dir": os.path.abspath(cfg.run_dir), "dataset": run_.dataset["dataset"]}
+    extra = {"run_dir": os.path.abspath(cfg.run_dir), "dataset": run_.folder.dataset_spec}
     if cfg.knn:
-        result = knn_eval(run_.encoder, info, cfg.knn_k, cfg.knn_temperature, run_.mean, run_.std)
+        result = knn_result(run_.encoder, info, cfg.knn_k, cfg.knn_temperature, run_.mean, run_.std)
         _merge_json(cfg.out_path, "knn", result, extra)
         print(f"kNN top-1 {result['top1']:.4f} top-5 {result['top5']:.4f}")
     else:
@@ -498,12 +480,12 @@ def main(argv):
     try:
         cfg = config_from_flags()
         check_run_dir(cfg.run_dir)
-    except ValueError as e:  # RunError included
+    except ValueError as e:  # a bad flag, or RunFolderError
         sys.exit(f"error: {e}")
     from uniclr_tf.data import DataError
     try:
         run(cfg)
-    except (RunError, DataError) as e:  # bad run folder or data: one line, no traceback
+    except (RunFolderError, DataError) as e:  # bad run folder (RunError included) or data: one line
         sys.exit(f"error: {e}")
 
 

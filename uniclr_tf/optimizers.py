@@ -12,8 +12,13 @@ and batch-norm parameters excluded from decay and adaptation). For a parameter `
 
 The decay is added to the gradient once, *before* the trust ratio, so it also enters ``‖g‖``.
 The Keras base optimizer would additionally apply its own decoupled decay (``w ← w − lr·wd·w``)
-whenever its ``weight_decay`` attribute is set; LARS therefore keeps its coefficient in
-``lars_weight_decay`` and hands ``weight_decay=None`` to the base class (see STACK.md).
+whenever its ``weight_decay`` attribute is set, so a LARS that handed it the coefficient would
+decay every weight twice; LARS therefore keeps its coefficient in ``lars_weight_decay`` and hands
+``weight_decay=None`` to the base class. (No ready-made LARS fits Keras 3: tensorflow-addons
+never had one and no longer imports, and tf-models-official's is a Keras 2 legacy optimizer.)
+
+:func:`build_optimizer` is the one factory of the optimizers this project trains with (LARS,
+SGD, AdamW), used by pretraining and linear evaluation.
 """
 
 import numbers
@@ -217,3 +222,45 @@ class LARS(keras.optimizers.Optimizer):
             "exclude_vectors": self.exclude_vectors,
         })
         return config
+
+
+#: The optimizers :func:`build_optimizer` builds.
+OPTIMIZER_NAMES = ("lars", "sgd", "adamw")
+
+
+def build_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, exclude_from_adaptation=(),
+                    exclude_from_weight_decay=()):
+    """The optimizer called ``name``, built the one way the project builds it.
+
+    Args:
+      name: ``"lars"``, ``"sgd"`` or ``"adamw"``.
+      learning_rate: a float, a ``LearningRateSchedule`` (e.g. ``schedules.WarmupCosine``) or a callable.
+      momentum: momentum of LARS and SGD (AdamW has its own moment estimates and ignores it).
+      weight_decay: LARS: added to the gradient (``g + wd·w``), 1-D parameters excluded;
+        SGD: Keras's decoupled decay on every parameter (0: none); AdamW: its decoupled decay.
+      exclude_from_adaptation, exclude_from_weight_decay: LARS only: name patterns (substrings or
+        regular expressions, ``re.search`` on the variable path) of parameters that keep a trust
+        ratio of 1 / take no decay, e.g. ``["linear_probe"]`` for the online probe. SGD and AdamW
+        take none (Keras matches its own exclusions on variable names, not paths; refused rather
+        than half-honoured).
+
+    Returns:
+      ``LARS``, ``keras.optimizers.SGD`` or ``keras.optimizers.AdamW``.
+
+    Raises:
+      ValueError: unknown ``name``, or exclusions for SGD / AdamW.
+    """
+    if name not in OPTIMIZER_NAMES:
+        raise ValueError(f"optimizer must be one of {OPTIMIZER_NAMES}; received {name!r}")
+    adaptation = _as_patterns(exclude_from_adaptation, "exclude_from_adaptation")
+    decay = _as_patterns(exclude_from_weight_decay, "exclude_from_weight_decay")
+    if name == "lars":
+        return LARS(learning_rate, momentum=momentum, weight_decay=weight_decay,
+                    exclude_from_adaptation=list(adaptation) or None,
+                    exclude_from_weight_decay=list(decay) or None)
+    if adaptation or decay:
+        raise ValueError(f"exclude_from_adaptation / exclude_from_weight_decay are LARS options; the {name} "
+                         f"optimizer takes none (received {list(adaptation)}, {list(decay)})")
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate, momentum=momentum, weight_decay=weight_decay or None)
+    return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
