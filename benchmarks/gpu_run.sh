@@ -8,7 +8,7 @@
 #     && bash benchmarks/gpu_run.sh [PHASE ...]
 #
 # PHASES (default: jax32 jax28 torch32 torch28):
-#   jax32    python -m uniclr_tf.bench, ResNet-18 at 32x32x3 (Fashion-MNIST padded, grey repeated), sections a,c,b,d
+#   jax32    python -m benchmarks.bench, ResNet-18 at 32x32x3 (Fashion-MNIST padded, grey repeated), sections a,c,b,d
 #   jax28    the same at 28x28x1 (Fashion-MNIST as is), sections a,c,b
 #   torch32  benchmarks/torch_peer.py at 32x32x3 (16 DataLoader workers)
 #   torch28  benchmarks/torch_peer.py at 28x28x1
@@ -40,7 +40,7 @@ ${PEER_PYTHON:-$PY} -c "import torch, torchvision; print('torch', torch.__versio
 $PY -c "import jax, keras; print('jax', jax.__version__, jax.devices(), '| keras', keras.__version__)" 2>&1 | tee -a "$LOG"
 echo "cpus: $(nproc)" | tee -a "$LOG"
 
-BENCH="$PY -m uniclr_tf.bench --data=fashion_mnist --encoder=resnet18 --projector_dims=2048,2048,256 --batch_size=512 --precision=bfloat16"
+BENCH="$PY -m benchmarks.bench --data=fashion_mnist --encoder=resnet18 --projector_dims=2048,2048,256 --batch_size=512 --precision=bfloat16"
 PEER="${PEER_PYTHON:-$PY} benchmarks/torch_peer.py --data=fashion_mnist --batch_size=512"
 for phase in "${PHASES[@]}"; do
   case $phase in

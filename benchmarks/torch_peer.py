@@ -1,4 +1,4 @@
-"""PyTorch peer of ``python -m uniclr_tf.bench``: SimCLR the way lightly / solo-learn users train it.
+"""PyTorch peer of ``python -m benchmarks.bench``: SimCLR the way lightly / solo-learn users train it.
 
 ResNet-18 from torchvision with the CIFAR stem (3×3 conv, stride 1, no max-pool), projector
 2048-2048-256 (Linear-BN-ReLU, Linear-BN-ReLU, Linear-BN), NT-Xent (SimCLR) loss at τ = 0.5, SGD with
@@ -39,7 +39,7 @@ from torchvision.transforms import v2
 
 
 def load_images(name, shape, num_images, seed=0):
-    """The bench's images (see ``uniclr_tf.bench.load_images``), read without Keras."""
+    """The bench's images (see ``benchmarks.bench.load_images``), read without Keras."""
     h, w, c = shape
     if name == "synthetic":
         n = num_images or 10_000

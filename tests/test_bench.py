@@ -1,4 +1,4 @@
-"""Tests of the bench CLI (uniclr_tf.bench) and of the cheap (feature-group) whitening it measures."""
+"""Tests of the bench CLI (benchmarks.bench) and of the cheap (feature-group) whitening it measures."""
 
 import json
 import os
@@ -35,7 +35,7 @@ def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "uniclr_tf.bench", "--quick", f"--out={out}"],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--quick", f"--out={out}"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -46,7 +46,7 @@ def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
 
     result = json.loads(out.read_text())
     assert result["environment"]["backend"] == "tensorflow"
-    assert result["environment"]["command"].startswith("python -m uniclr_tf.bench --quick")
+    assert result["environment"]["command"].startswith("python -m benchmarks.bench --quick")
     for key in ("a_model_only", "b_host_aug", "c_device_aug"):
         section = result[key]
         assert section["images_per_s"] > 0 and section["ms_per_step"] > 0, key
@@ -64,7 +64,7 @@ def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
 
 def test_bad_sections_flag_is_a_usage_error():
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-m", "uniclr_tf.bench", "--quick", "--sections=a,x"],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--quick", "--sections=a,x"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "--sections" in proc.stderr and "'x'" in proc.stderr

@@ -8,20 +8,29 @@ affinity/covariance, the synchronized BN and the replica loss scaling must all b
 import numpy as np
 import pytest
 
+from uniclr_tf import methods
+
 COMMON = r"""
 import json, os
 import numpy as np
 import keras
-from uniclr_tf import encoders, heads
+from uniclr_tf import encoders, heads, methods
 from uniclr_tf.model import UniCLR
 
 STEPS = 3
 
-def build(objective, ema):
+def build(name, ema):
+    # A tiny model of method `name` (its own heads), with an EMA target of momentum `ema` if given.
     keras.utils.set_random_seed(1)
+    cls = methods.get(name)
+    options = dict(queue_size=24) if "queue_size" in cls.defaults else dict()
+    if ema is not None:
+        options["ema_momentum"] = ema
+    method = cls(**options)
     enc = encoders.build_encoder("tiny", (16, 16, 1), width=4, synchronized_bn=True)
-    return UniCLR(enc, heads.projector(16, (32, 8), synchronized_bn=True), objective=objective,
-                  ema_momentum=ema, ema_total_steps=10)
+    proj = heads.projector(16, (32, 8), synchronized_bn=True, last_bn=cls.projector_last_bn)
+    pred = heads.predictor(8, 16, synchronized_bn=True) if method.uses_predictor else None
+    return UniCLR(enc, proj, pred, method=method, ema_total_steps=10)
 
 rng = np.random.default_rng(0)
 v1 = rng.normal(size=(16, 16, 16, 1)).astype("float32")
@@ -52,7 +61,7 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 """ + COMMON + r"""
-data = lambda: tf.data.Dataset.from_tensor_slices(VIEWS).batch(16).repeat()
+data = lambda: tf.data.Dataset.from_tensor_slices(VIEWS).batch(16, drop_remainder=True).repeat()
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 assert strategy.num_replicas_in_sync == 2
 for case in CASES:
@@ -69,8 +78,8 @@ with strategy.scope():
 local = model.fit(data(), epochs=1, steps_per_epoch=1, verbose=0).history["objective_loss"][0]
 ref = build(*case)
 ref.set_weights(INIT[case])
-_, online, target = ref._embed(list(VIEWS), True)  # synchronized BN: statistics of all 16 rows
-halves = [float(ref._loss_fn(online[0][i:i + 8], target[1][i:i + 8], **ref._objective_kwargs())) for i in (0, 8)]
+_, _, online, target = ref._embed(list(VIEWS), True)  # synchronized BN: statistics of all 16 rows
+halves = [float(ref.method.pair_loss(online[0][i:i + 8], target[1][i:i + 8], dict())[0]) for i in (0, 8)]
 RESULTS["per_replica"] = {{"local": local, "halves_mean": float(np.mean(halves)),
                           "global": float(ref.compute_objective(VIEWS)[0])}}
 print(json.dumps(RESULTS))
@@ -80,7 +89,7 @@ XLA = r"""
 import contextlib
 import tensorflow as tf
 """ + COMMON + r"""
-data = lambda: tf.data.Dataset.from_tensor_slices(VIEWS).batch(16).repeat()
+data = lambda: tf.data.Dataset.from_tensor_slices(VIEWS).batch(16, drop_remainder=True).repeat()
 for case in CASES:
     report(case, train(case, contextlib.nullcontext(), data, run_eagerly=True),
            train(case, contextlib.nullcontext(), data, jit_compile=True))
@@ -104,8 +113,9 @@ print(json.dumps(RESULTS))
 """
 
 
-ALL_CASES = [("simaffinity", None), ("simwhitening", None), ("simtrace", None), ("simtrace", 0.9),
-             ("simaffinity", 0.9)]
+# Every registered method with its defaults (global negatives, covariance, cross-correlation and
+# MoCo's queue across replicas), plus the UniCLR objectives with the EMA trick.
+ALL_CASES = [(name, None) for name in methods.names()] + [("simtrace", 0.9), ("simaffinity", 0.9)]
 
 
 def check(results, cases):
@@ -116,11 +126,13 @@ def check(results, cases):
     assert len(results) == len(cases)
     for case, out in results.items():
         np.testing.assert_allclose(out["loss_b"], out["loss_a"], rtol=1e-5, atol=1e-5, err_msg=case)
-        assert out["max_weight_diff"] <= 1e-5, (case, out)
+        # CO2's consistency softmax at temperature 0.04 multiplies float32 rounding (the gather's
+        # summation order) by 25: its weights agree to 2e-5 after 3 steps, the others to 1e-5.
+        assert out["max_weight_diff"] <= (5e-5 if case.startswith("co2") else 1e-5), (case, out)
 
 
 def test_mirrored_two_replicas_match_one_device(run_python):
-    """Each objective, with and without the EMA target: losses and weights after 3 steps."""
+    """Every method, and the UniCLR objectives with the EMA target: losses and weights after 3 steps."""
     check(run_python(MIRRORED.format(cases=ALL_CASES)), ALL_CASES)
 
 

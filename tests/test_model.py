@@ -118,8 +118,14 @@ def test_fit_reports_terms_and_probe():
 
 
 def test_invalid_arguments_are_rejected():
-    with pytest.raises(ValueError, match="objective"):
-        small_model("simclr")
+    with pytest.raises(ValueError, match="--method: expected one of"):
+        small_model("nope")
+    with pytest.raises(ValueError, match="no predictor"):
+        small_model("simclr", predictor=True)
+    with pytest.raises(ValueError, match="needs a predictor"):
+        UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)), method="byol")
+    with pytest.raises(ValueError, match="--temperature does not apply to --method=simtrace"):
+        small_model("simtrace", temperature=0.5)
     with pytest.raises(ValueError, match="ema_momentum"):
         small_model(ema=1.5)
     with pytest.raises(ValueError, match="augmenter"):

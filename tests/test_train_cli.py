@@ -38,18 +38,24 @@ def test_cli_trains_every_trick_and_reports_knn(tmp_path):
     # The resolved flagfile replays: every TrainConfig field is there with the run's value.
     flags_txt = (run / "flags.txt").read_text()
     assert "--ema_momentum=0.99" in flags_txt and "--num_local_crops=2" in flags_txt and "--predictor\n" in flags_txt
-    assert TrainConfig.from_json((run / "config.json").read_text()).num_local_crops == 2
+    assert "--method=simaffinity" in flags_txt and "--temperature=0.5" in flags_txt  # the method's defaults, pinned
+    replayed = TrainConfig.from_json((run / "config.json").read_text())
+    assert replayed.num_local_crops == 2 and replayed.options["ema_momentum"] == 0.99
 
 
-@pytest.mark.parametrize("flag,fragment", [
-    ("--batch_size=1", "--batch_size"),
-    ("--ema_momentum=1.5", "--ema_momentum"),
-    ("--projector_dims=64,abc", "--projector_dims"),
-    ("--objective=simclr", "objective"),
-    ("--dataset=nope", "nope"),
+@pytest.mark.parametrize("flags,fragment", [
+    (["--batch_size=1"], "--batch_size"),
+    (["--method=simaffinity", "--ema_momentum=1.5"], "--ema_momentum"),
+    (["--projector_dims=64,abc"], "--projector_dims"),
+    (["--objective=nope"], "method"),
+    (["--dataset=nope"], "nope"),
+    (["--method=byol", "--gamma=0.1"], "--symmetric_loss_weight (alias --gamma) does not apply to --method=byol"),
+    (["--method=simclr", "--queue_size=64"], "--queue_size does not apply to --method=simclr"),
+    (["--method=byol", "--ema_momentum=0"], "--ema_momentum: byol needs an EMA target"),
+    (["--method=wmse", "--whitening_size=64", "--batch_size=96"], "--whitening_size=64 must divide"),
 ])
-def test_cli_rejects_bad_values_with_a_clear_message(flag, fragment, tmp_path):
-    proc = run_cli("--flagfile=configs/quickstart.flags", flag, f"--run_dir={tmp_path}", timeout=120)
+def test_cli_rejects_bad_values_with_a_clear_message(flags, fragment, tmp_path):
+    proc = run_cli("--flagfile=configs/quickstart.flags", *flags, f"--run_dir={tmp_path}", timeout=120)
     assert proc.returncode != 0
     tail = proc.stderr.strip().splitlines()[-2:]  # absl adds a "--helpshort" hint after its own errors
     assert any(fragment in line and ("error" in line.lower()) for line in tail), tail
@@ -61,7 +67,9 @@ def test_every_config_field_has_a_flag_and_every_flagfile_parses():
     from uniclr_tf import train
     fv = flags.FlagValues()
     train.define_flags(fv)
-    for name in os.listdir(REPO_ROOT / "configs") + [f"paper/{n}" for n in os.listdir(REPO_ROOT / "configs" / "paper")]:
+    names = os.listdir(REPO_ROOT / "configs")
+    names += [f"{sub}/{n}" for sub in ("paper", "methods") for n in os.listdir(REPO_ROOT / "configs" / sub)]
+    for name in names:
         if not name.endswith(".flags"):
             continue
         fv.unparse_flags()
@@ -69,7 +77,8 @@ def test_every_config_field_has_a_flag_and_every_flagfile_parses():
         cfg = train.config_from_flags(fv)
         assert isinstance(cfg, TrainConfig), name
         if name == "paper/imagenet_simaffinity.flags":  # nested flagfile + overrides resolved
-            assert (cfg.encoder, cfg.num_local_crops, cfg.predictor, cfg.ema_momentum) == ("resnet50", 6, True, 0.99)
+            assert (cfg.encoder, cfg.num_local_crops, cfg.method) == ("resnet50", 6, "simaffinity")
+            assert cfg.options == {"predictor": True, "ema_momentum": 0.99, "temperature": 0.5, "symmetric_loss_weight": 0.01}
             assert cfg.projector_dims == (2048, 2048, 2048) and cfg.local_scale == (0.05, 0.4)
 
 
@@ -84,7 +93,7 @@ class NoTensorFlow(importlib.abc.MetaPathFinder):  # as on the JAX-only GPU mach
 sys.meta_path.insert(0, NoTensorFlow())
 from uniclr_tf.config import TrainConfig
 from uniclr_tf import train
-cfg = TrainConfig(encoder="tiny", encoder_width=8, projector_dims=(64, 32), objective="simtrace",
+cfg = TrainConfig.make(encoder="tiny", encoder_width=8, projector_dims=(64, 32), method="simtrace",
                   batch_size=64, epochs=1, steps_per_epoch=3, warmup_epochs=0, max_examples=512,
                   knn_every=0, augment_on="device", run_dir={run_dir!r}, run_name="notf")
 run_dir, metrics = train.run(cfg)

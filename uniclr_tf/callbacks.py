@@ -1,11 +1,13 @@
-"""Training callbacks: the kNN monitor and the end-of-training curves plot."""
+"""Training callbacks: the kNN monitor and the history / curves recorder."""
 
-import json
+import math
 import os
+import time
 
 import keras
 import numpy as np
 
+from uniclr_tf import runs
 from uniclr_tf.evaluation import knn_eval
 
 
@@ -34,26 +36,49 @@ class KNNMonitor(keras.callbacks.Callback):
         print(f"\nepoch {epoch + 1}: kNN top-1 {acc['top1']:.4f}  top-5 {acc['top5']:.4f}")
 
 
-class HistoryRecorder(keras.callbacks.Callback):
-    """Keeps every epoch's logs (floats), writes ``history.json`` and ``curves.png`` at the end."""
+def _finite_or_none(value):
+    value = float(np.asarray(value))
+    return value if math.isfinite(value) else None
 
-    def __init__(self, run_dir):
+
+class HistoryRecorder(keras.callbacks.Callback):
+    """Keeps every epoch's logs; writes ``history.json`` every epoch and ``curves.png`` at most every
+    ``plot_every_s`` seconds and at the end. Non-finite values are written as null (strict JSON).
+
+    ``title`` heads the plot (e.g. the method and run name); ``reference`` is drawn as a dashed
+    line on the accuracy panel (e.g. ``{"raw-pixel kNN": 0.75}``).
+    """
+
+    def __init__(self, run_dir, title="", plot_every_s=60.0, reference=None):
         super().__init__()
-        self.run_dir = run_dir
+        self.run_dir, self.title = run_dir, title
+        self.plot_every_s = plot_every_s
+        self.reference = dict(reference or {})
         self.epochs = []
+        self._last_plot = -math.inf
 
     def on_epoch_end(self, epoch, logs=None):
-        self.epochs.append({"epoch": epoch + 1, **{k: float(np.asarray(v)) for k, v in (logs or {}).items()}})
+        self.epochs.append({"epoch": epoch + 1, **{k: _finite_or_none(v) for k, v in (logs or {}).items()}})
+        self.write(plot=time.monotonic() - self._last_plot >= self.plot_every_s)
 
     def on_train_end(self, logs=None):
-        with open(os.path.join(self.run_dir, "history.json"), "w") as f:
-            json.dump(self.epochs, f, indent=1)
-        plot_curves(self.epochs, os.path.join(self.run_dir, "curves.png"))
+        self.write(plot=True)
+
+    def write(self, plot=True):
+        runs.atomic_write_json(os.path.join(self.run_dir, "history.json"), self.epochs, indent=1)
+        if plot:
+            plot_curves(self.epochs, os.path.join(self.run_dir, "curves.png"), self.title, self.reference)
+            self._last_plot = time.monotonic()
 
 
-def plot_curves(epochs, path):
-    """Loss terms, diagnostics (symmetry ‖A − Aᵀ‖_F, embedding std, EMA momentum) and kNN / probe
-    accuracy, one panel each, as one PNG."""
+# Panels by scale: the loss and its terms; each diagnostic on its own axis; accuracies in [0, 1].
+_DIAGNOSTICS = {"symmetry": "‖A − Aᵀ‖_F (unweighted)", "embedding_std": "std of ℓ2-normalised embedding",
+                "ema_momentum": "EMA momentum"}
+
+
+def plot_curves(epochs, path, title="", reference=None):
+    """One PNG: the loss terms (linear axis), one panel per diagnostic (symmetry ‖A − Aᵀ‖_F,
+    embedding std, EMA momentum) and the accuracies (kNN, probe) with ``reference`` lines."""
     if not epochs:
         return
     try:
@@ -63,23 +88,30 @@ def plot_curves(epochs, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = sorted({k for e in epochs for k in e if k != "epoch"})
+    keys = [k for k in dict.fromkeys(k for e in epochs for k in e) if k != "epoch"]
     acc_keys = [k for k in keys if "top" in k or "accuracy" in k]
-    diag_keys = [k for k in keys if k in ("symmetry", "embedding_std", "ema_momentum")]
+    diag_keys = [k for k in keys if k in _DIAGNOSTICS]
     loss_keys = [k for k in keys if k not in acc_keys and k not in diag_keys]
-    panels = [(loss_keys, "losses"), (diag_keys, "diagnostics"), (acc_keys, "accuracy")]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, (group, title) in zip(axes, panels):
+    panels = [(loss_keys, "loss and its terms", "value")]
+    panels += [([k], k, _DIAGNOSTICS[k]) for k in diag_keys]
+    panels.append((acc_keys, "accuracy (test split)", "top-k accuracy"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, (group, name, ylabel) in zip(axes[0], panels):
         for k in group:
-            pts = [(e["epoch"], e[k]) for e in epochs if k in e]
-            ax.plot(*zip(*pts), marker="o", label=k)
+            pts = [(e["epoch"], e[k]) for e in epochs if e.get(k) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", markersize=3, label=k)
+        if group is acc_keys:
+            for label, value in (reference or {}).items():
+                ax.axhline(value, color="grey", linestyle="--", label=label)
         ax.set_xlabel("epoch")
-        ax.set_title(title)
-        if title == "diagnostics" and group:
-            ax.set_yscale("log")
-        if group:
-            ax.legend()
+        ax.set_ylabel(ylabel)
+        ax.set_title(name)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

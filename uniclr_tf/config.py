@@ -2,19 +2,33 @@
 
 Only the entry points define flags (``uniclr_tf.train``); they turn them into a ``TrainConfig``
 and library code takes plain arguments from it. ``TrainConfig`` validates itself on construction,
-so a bad value stops the run before any data is loaded, with a message naming the field.
+so a bad value stops the run before any data is loaded, with a message naming the flag.
+
+The method (``--method``, alias ``--objective``) comes from :mod:`uniclr_tf.methods`; its options
+(``--temperature``, ``--ema_momentum``, ``--queue_size``, ...) are flags generated from the
+registry and are kept here in ``method_options`` (only those given; the rest take the method's
+defaults, and :meth:`TrainConfig.resolved` fills them in). An option the method does not take is
+an error naming the flag. View fields left at None take the method's augmentation recipe.
 """
 
 import dataclasses
 import json
 
-OBJECTIVES = ("simaffinity", "simwhitening", "simtrace")
 ENCODERS = ("resnet18", "resnet50", "tiny")
 OPTIMIZERS = ("lars", "sgd", "adamw")
 PRECISIONS = ("float32", "bfloat16", "float16")
 STRATEGIES = ("default", "mirrored", "tpu", "data_parallel")
 AUGMENT_ON = ("host", "device")
-WHITENING_MODES = ("cholesky", "one_sided")
+
+# Fields of earlier versions that are method options now (config.json of older runs).
+_LEGACY_OPTION_FIELDS = ("temperature", "gamma", "eps", "whitening_mode", "stop_gradient_cov",
+                         "whitening_groups", "symmetric_directions", "ema_momentum", "predictor")
+
+
+def unset(kind, many=False):
+    """A field whose default None means "the method's (or recipe's) value"; ``kind`` is the type of
+    its flag (of each element when ``many``)."""
+    return dataclasses.field(default=None, metadata={"kind": kind, "many": many})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,23 +45,21 @@ class TrainConfig:
     encoder: str = "resnet18"
     encoder_width: int = 0  # 0: the architecture's default
     projector_dims: tuple = (2048, 2048, 256)
-    predictor: bool = False
     predictor_hidden: int = 512
-    # objective (PAPER.md)
-    objective: str = "simtrace"
-    temperature: float = 0.0  # 0: the objective's default (0.5 SimAffinity, 1.0 SimWhitening)
-    gamma: float = 0.01
-    eps: float = 1e-4
-    whitening_mode: str = "cholesky"
-    stop_gradient_cov: bool = False
-    whitening_groups: int = 1  # 1: the paper's full whitening; G: G feature groups (cheap at large D)
-    symmetric_directions: bool = False
-    # tricks (paper Table 1)
-    ema_momentum: float = 0.0  # 0: no EMA target
+    # method (uniclr_tf.methods) and the options given for it: ((name, value), ...)
+    method: str = "simtrace"
+    method_options: tuple = ()
+    # views (None: the method's recipe, uniclr_tf.augment.RECIPES)
     num_local_crops: int = 0
     local_size: int = 0  # 0: half the global size (96 for 224 px)
-    global_scale: tuple = (0.2, 1.0)
-    local_scale: tuple = (0.05, 0.2)
+    global_scale: tuple = unset(float, many=True)
+    local_scale: tuple = unset(float, many=True)
+    flip_prob: float = unset(float)
+    color_jitter: tuple = unset(float, many=True)
+    color_jitter_prob: float = unset(float)
+    grayscale_prob: float = unset(float)
+    blur_prob: tuple = unset(float, many=True)
+    solarize_prob: tuple = unset(float, many=True)
     # optimisation
     optimizer: str = "lars"
     base_learning_rate: float = 0.03  # lr = batch_size / 256 * base_learning_rate
@@ -73,45 +85,55 @@ class TrainConfig:
     steps_per_execution: int = 1
     seed: int = 0
     run_dir: str = "runs"
-    run_name: str = ""  # empty: <objective>-<dataset>-<timestamp>
+    run_name: str = ""  # empty: <method>-<dataset>-<timestamp>
     export: bool = False
+
+    VIEW_FIELDS = ("global_scale", "local_scale", "flip_prob", "color_jitter", "color_jitter_prob",
+                   "grayscale_prob", "blur_prob", "solarize_prob")
 
     def __post_init__(self):
         def check(ok, field, expected):
             if not ok:
                 raise ValueError(f"--{field}: expected {expected}; received {getattr(self, field)!r}")
 
+        from uniclr_tf import methods
+        if isinstance(self.method_options, dict):  # accept a dict; store a hashable, ordered tuple
+            object.__setattr__(self, "method_options", tuple(sorted(self.method_options.items())))
         check(self.dataset == "fashion_mnist" or self.dataset.startswith(("tfds:", "folder:")), "dataset",
               "fashion_mnist, tfds:NAME[:SPLIT] or folder:PATH")
-        check(self.objective in OBJECTIVES, "objective", f"one of {OBJECTIVES}")
+        check(self.method in methods.REGISTRY, "method", f"one of {methods.names()}")
         check(self.encoder in ENCODERS, "encoder", f"one of {ENCODERS}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
         check(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}")
         check(self.strategy in STRATEGIES, "strategy", f"one of {STRATEGIES}")
         check(self.augment_on in AUGMENT_ON, "augment_on", f"one of {AUGMENT_ON}")
-        check(self.whitening_mode in WHITENING_MODES, "whitening_mode", f"one of {WHITENING_MODES}")
         check(self.image_size >= 0, "image_size", "an integer >= 0")
         check(self.encoder_width >= 0, "encoder_width", "an integer >= 0")
         check(len(self.projector_dims) >= 1 and all(int(d) > 0 for d in self.projector_dims),
               "projector_dims", "a non-empty list of positive integers")
-        check(self.whitening_groups >= 1 and self.projector_dims[-1] % self.whitening_groups == 0,
-              "whitening_groups", f"a positive divisor of the embedding size {self.projector_dims[-1]}")
         check(self.predictor_hidden > 0, "predictor_hidden", "a positive integer")
-        check(self.temperature >= 0, "temperature", "a number >= 0 (0 for the objective's default)")
-        check(self.gamma >= 0, "gamma", "a number >= 0")
-        check(self.eps > 0, "eps", "a number > 0 (the covariance ridge keeps Cholesky finite)")
-        check(0 <= self.ema_momentum < 1, "ema_momentum", "a number in [0, 1) (0 disables the EMA target)")
         check(self.num_local_crops >= 0, "num_local_crops", "an integer >= 0")
         check(self.local_size >= 0, "local_size", "an integer >= 0")
         for field in ("global_scale", "local_scale"):
             lo_hi = getattr(self, field)
-            check(len(lo_hi) == 2 and 0 < lo_hi[0] <= lo_hi[1] <= 1, field, "two numbers 0 < low <= high <= 1")
+            check(lo_hi is None or (len(lo_hi) == 2 and 0 < lo_hi[0] <= lo_hi[1] <= 1), field,
+                  "two numbers 0 < low <= high <= 1")
+        for field in ("flip_prob", "color_jitter_prob", "grayscale_prob"):
+            value = getattr(self, field)
+            check(value is None or 0 <= value <= 1, field, "a probability in [0, 1]")
+        for field in ("blur_prob", "solarize_prob"):
+            value = getattr(self, field)
+            check(value is None or (len(value) in (1, 2) and all(0 <= v <= 1 for v in value)), field,
+                  "one probability, or one per global view (two), each in [0, 1]")
+        check(self.color_jitter is None or (len(self.color_jitter) == 4 and min(self.color_jitter) >= 0
+                                            and self.color_jitter[3] <= 0.5),
+              "color_jitter", "four strengths brightness,contrast,saturation,hue >= 0 (hue <= 0.5)")
         check(self.base_learning_rate > 0, "base_learning_rate", "a number > 0")
         check(self.weight_decay >= 0, "weight_decay", "a number >= 0")
         check(0 <= self.momentum < 1, "momentum", "a number in [0, 1)")
         check(self.warmup_epochs >= 0, "warmup_epochs", "a number >= 0")
-        check(self.warmup_epochs <= self.epochs, "warmup_epochs", f"at most --epochs={self.epochs}")
         check(self.epochs >= 1, "epochs", "an integer >= 1")
+        check(self.warmup_epochs <= self.epochs, "warmup_epochs", f"at most --epochs={self.epochs}")
         check(self.batch_size >= 2, "batch_size", "an integer >= 2 (contrastive losses need negatives)")
         check(self.steps_per_epoch >= 0, "steps_per_epoch", "an integer >= 0")
         check(self.knn_k >= 1, "knn_k", "an integer >= 1")
@@ -121,25 +143,90 @@ class TrainConfig:
         check(self.steps_per_execution >= 1, "steps_per_execution", "an integer >= 1")
         check(self.strategy != "tpu" or bool(self.tpu), "tpu", "a TPU name or address with --strategy=tpu")
         check(self.max_examples >= 0, "max_examples", "an integer >= 0")
+        # The method validates its options (naming the flag) and the batch / embedding sizes.
+        self.build_method().check_setup(self.batch_size, int(self.projector_dims[-1]))
 
-    def to_flagfile(self):
-        """The resolved flags, one ``--name=value`` a line: replaying them repeats the run."""
-        lines = []
+    # --- the method ----------------------------------------------------------------------------
+    @property
+    def options(self):
+        """The method options given explicitly (the others take the method's defaults)."""
+        return dict(self.method_options)
+
+    def build_method(self):
+        """The :class:`uniclr_tf.methods.Method` this config describes, its options resolved."""
+        from uniclr_tf import methods
+        return methods.create(self.method, **self.options)
+
+    def option(self, name):
+        """The resolved value of a method option (None when the method does not take it)."""
+        return self.build_method().options.get(name)
+
+    def resolved(self):
+        """The same config with every option of the method written out (its defaults filled in)."""
+        return dataclasses.replace(self, method_options=tuple(sorted(self.build_method().options.items())))
+
+    def view_overrides(self):
+        """The view fields that were given (the others take the method's recipe)."""
+        return {f: getattr(self, f) for f in self.VIEW_FIELDS if getattr(self, f) is not None}
+
+    @classmethod
+    def make(cls, **kwargs):
+        """Builds a config from fields and method options mixed (``objective`` and ``gamma`` are the
+        older names of ``method`` and ``symmetric_loss_weight``), as code and tests like to write it."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if "objective" in kwargs:
+            kwargs["method"] = kwargs.pop("objective")
+        options = dict(kwargs.pop("method_options", ()) or ())
+        for key in [k for k in kwargs if k not in fields]:
+            options["symmetric_loss_weight" if key == "gamma" else key] = kwargs.pop(key)
+        return cls(method_options={k: v for k, v in options.items() if v is not None}, **kwargs)
+
+    # --- serialisation ---------------------------------------------------------------------------
+    def flag_items(self):
+        """``(flag, value)`` for every field that has a value, then every method option."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name != "method_options" and value is not None:
+                yield f.name, value
+        yield from self.method_options
+
+    def to_flagfile(self):
+        """The flags, one ``--name=value`` a line: replaying them repeats the run (write
+        ``resolved()``'s to pin the method's defaults)."""
+        lines = []
+        for name, value in self.flag_items():
             if isinstance(value, bool):
-                lines.append(f"--{f.name}" if value else f"--no{f.name}")
-            elif isinstance(value, tuple):
-                lines.append(f"--{f.name}={','.join(str(v) for v in value)}")
+                lines.append(f"--{name}" if value else f"--no{name}")
+            elif isinstance(value, (tuple, list)):
+                lines.append(f"--{name}={','.join(str(v) for v in value)}")
             else:
-                lines.append(f"--{f.name}={value}")
+                lines.append(f"--{name}={value}")
         return "\n".join(lines) + "\n"
 
+    def to_dict(self):
+        raw = dataclasses.asdict(self)
+        raw["method_options"] = dict(self.method_options)
+        return raw
+
     def to_json(self):
-        return json.dumps(dataclasses.asdict(self), indent=2)
+        return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def from_json(cls, text):
+        """Reads ``to_json``'s output, and the config.json of earlier versions (``objective`` and the
+        UniCLR options as top-level fields)."""
         raw = json.loads(text)
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known})
+        known = {f.name for f in dataclasses.fields(cls)}
+        options = dict(raw.get("method_options") or {})
+        method = raw.get("method") or raw.get("objective") or "simtrace"
+        if "objective" in raw and "method" not in raw:  # an earlier version's run
+            from uniclr_tf import methods
+            takes = methods.get(method).defaults
+            for key in _LEGACY_OPTION_FIELDS:
+                name = "symmetric_loss_weight" if key == "gamma" else key
+                value = raw.get(key)
+                if name in takes and value not in (None, 0, 0.0) or (name == "predictor" and value and name in takes):
+                    options[name] = value
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()
+                  if k in known and k not in ("method", "method_options")}
+        return cls(method=method, method_options=options, **values)

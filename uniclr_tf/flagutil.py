@@ -1,45 +1,71 @@
 """Flags from a frozen config dataclass: one flag per field, same name, same default.
 
 Only entry points call these (``train``, ``linear_eval``): library code never reads flags. The
-dataclass validates itself, so a bad value stops with a message naming the flag.
+dataclass validates itself, so a bad value stops with a message naming the flag. A field whose
+default is None (``config.unset``) declares its flag's type in its metadata; its flag defaults to
+None, meaning "not given".
 """
 
 import dataclasses
 
 from absl import flags
 
+_DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string}
 
-def define_flags(config_cls, help_texts, enums=None, flag_values=None):
+
+def define_flag(name, default, kind, help_, flag_values, many=False, choices=None):
+    """One absl flag: an enum when ``choices``, a comma-separated list when ``many``."""
+    if choices:
+        flags.DEFINE_enum(name, default, choices, help_, flag_values=flag_values)
+    elif many:
+        flags.DEFINE_list(name, None if default is None else [str(v) for v in default], help_, flag_values=flag_values)
+    else:
+        _DEFINE[kind](name, default, help_, flag_values=flag_values)
+
+
+def _kind(field):
+    if field.default is None:
+        return field.metadata["kind"], field.metadata.get("many", False)
+    if isinstance(field.default, tuple):
+        return type(field.default[0]), True
+    return type(field.default), False
+
+
+def define_flags(config_cls, help_texts, enums=None, flag_values=None, skip=()):
     """Defines one absl flag per field of ``config_cls`` (enum for names in ``enums``)."""
     flag_values = flags.FLAGS if flag_values is None else flag_values
     enums = enums or {}
     for field in dataclasses.fields(config_cls):
-        name, default, help_ = field.name, field.default, help_texts[field.name]
-        if name in enums:
-            flags.DEFINE_enum(name, default, enums[name], help_, flag_values=flag_values)
-        elif isinstance(default, bool):
-            flags.DEFINE_bool(name, default, help_, flag_values=flag_values)
-        elif isinstance(default, int):
-            flags.DEFINE_integer(name, default, help_, flag_values=flag_values)
-        elif isinstance(default, float):
-            flags.DEFINE_float(name, default, help_, flag_values=flag_values)
-        elif isinstance(default, tuple):
-            flags.DEFINE_list(name, [str(v) for v in default], help_, flag_values=flag_values)
-        else:
-            flags.DEFINE_string(name, default, help_, flag_values=flag_values)
+        if field.name in skip:
+            continue
+        kind, many = _kind(field)
+        define_flag(field.name, field.default, kind, help_texts[field.name], flag_values, many=many,
+                    choices=enums.get(field.name))
 
 
-def config_from_flags(config_cls, flag_values=None):
-    """Builds ``config_cls`` from the parsed flags; list flags become tuples of the default's type."""
+def parse_list(name, value, kind):
+    """A list flag's strings as a tuple of ``kind``, with an error naming the flag."""
+    try:
+        return tuple(kind(v) for v in value)
+    except ValueError:
+        raise ValueError(f"--{name}: expected comma-separated numbers; received {','.join(value)!r}") from None
+
+
+def config_values(config_cls, flag_values=None, skip=()):
+    """The parsed flags of ``config_cls``'s fields as a dict; list flags become tuples."""
     flag_values = flags.FLAGS if flag_values is None else flag_values
     values = {}
     for field in dataclasses.fields(config_cls):
+        if field.name in skip:
+            continue
         value = flag_values[field.name].value
-        if isinstance(field.default, tuple):
-            caster = float if isinstance(field.default[0], float) else int
-            try:
-                value = tuple(caster(v) for v in value)
-            except ValueError:
-                raise ValueError(f"--{field.name}: expected comma-separated numbers; received {','.join(value)!r}")
+        kind, many = _kind(field)
+        if many and value is not None:
+            value = parse_list(field.name, value, kind)
         values[field.name] = value
-    return config_cls(**values)
+    return values
+
+
+def config_from_flags(config_cls, flag_values=None):
+    """Builds ``config_cls`` from the parsed flags."""
+    return config_cls(**config_values(config_cls, flag_values))

@@ -1,7 +1,8 @@
 """Projector and predictor heads: one generic MLP with per-paper presets.
 
-Projector (paper §4.1): ``Linear-BN-ReLU`` for every hidden layer and ``Linear-BN`` for the last
-(2048-2048-256 on CIFAR, 2048-2048-2048 on ImageNet). Predictor (the asymmetric trick of BYOL /
+Projector (UniCLR paper §4.1): ``Linear-BN-ReLU`` for every hidden layer and ``Linear-BN`` for the
+last (2048-2048-256 on CIFAR, 2048-2048-2048 on ImageNet); methods whose papers end the head with a
+plain linear layer use ``last_bn=False``. Predictor (the asymmetric trick of BYOL /
 MoCo v3 that the paper stacks on top, Table 1): ``Linear-BN-ReLU`` then a plain ``Linear``.
 """
 
@@ -33,9 +34,12 @@ def mlp_head(input_dim, dims, last_bn=True, synchronized_bn=False, name="head"):
     return keras.Model(inputs, x, name=name)
 
 
-def projector(input_dim, dims=(2048, 2048, 256), synchronized_bn=False):
-    """The paper's projector: BN+ReLU after hidden layers, BN (only) after the last."""
-    return mlp_head(input_dim, dims, last_bn=True, synchronized_bn=synchronized_bn, name="projector")
+def projector(input_dim, dims=(2048, 2048, 256), synchronized_bn=False, last_bn=True):
+    """The projector: BN+ReLU after hidden layers; after the last, BN without affine (the UniCLR
+    paper, SimSiam, MoCo v3) or, with ``last_bn=False``, a plain biased linear layer (SimCLR,
+    MoCo v2, BYOL, Barlow Twins, VICReg, W-MSE). Each method declares which
+    (``Method.projector_last_bn``)."""
+    return mlp_head(input_dim, dims, last_bn=last_bn, synchronized_bn=synchronized_bn, name="projector")
 
 
 def predictor(input_dim, hidden_dim=512, synchronized_bn=False):

@@ -1,27 +1,26 @@
-"""The UniCLR model: wires encoder, heads, EMA target, objective and probe; holds no maths.
+"""The pretraining model: wires encoder, heads, target branch, method and probe; holds no maths.
+
+One ``keras.Model`` serves every method of :mod:`uniclr_tf.methods` (the UniCLR objectives and the
+baselines the paper unifies): the method says which loss compares which views, whether the target
+branch is the online network, a stop-gradient copy or an EMA encoder, whether there is a predictor
+and what per-step state it keeps (MoCo's queue); this class runs it, on TensorFlow and on JAX.
 
 Data given to ``fit`` is either the views (a tuple of float batches from the host pipeline) or a
 raw uint8 batch that the model's own ``augmenter`` turns into views on the accelerator, optionally
 paired with integer labels for the online linear probe: ``views``, ``(views, labels)``,
-``images`` or ``(images, labels)``.
-
-Which view is compared with which (paper Table 1 tricks):
-
-* no predictor and no EMA target: every unordered pair of global views, ``L(z_i, z_j)``;
-* with a predictor or an EMA target: ordered pairs ``L(p_i, t_j)``, ``i != j``;
-* multi-crop: each local view ``l`` against every global target, ``L(p_l, t_g)``.
-
-The loss is the mean over pairs, so its scale does not change with the number of local crops.
+``images`` or ``(images, labels)``. Which view is compared with which is the method's
+``view_pairs`` (see :mod:`uniclr_tf.methods.base`); the loss is the mean over those pairs.
 """
 
 import keras
 from keras import layers, ops
 
-from uniclr_tf import objectives
+from uniclr_tf import methods, objectives
 from uniclr_tf.schedules import momentum_schedule
 from uniclr_tf.steps import train_step_mixin
 
-DEFAULT_TEMPERATURE = {"simaffinity": 0.5, "simwhitening": 1.0, "simtrace": None}
+# Old keyword names of the UniCLR objectives' options -> method option names.
+_LEGACY_OPTIONS = {"mode": "whitening_mode", "groups": "whitening_groups", "gamma": "symmetric_loss_weight"}
 
 
 def _freeze_variables(model):
@@ -32,7 +31,7 @@ def _freeze_variables(model):
 
 
 def _copy_model(model, name):
-    """An exact copy: ``clone_model`` makes new layers but copies no weights (PAPER.md)."""
+    """An exact copy: ``clone_model`` makes new layers but copies no weights, so set them."""
     clone = keras.models.clone_model(model)
     clone.name = name
     clone.set_weights(model.get_weights())
@@ -60,54 +59,50 @@ def unpack(data):
 
 
 class UniCLR(train_step_mixin(), keras.Model):
-    """UniCLR pretraining model (arXiv 2211.14516, Eq. 6) with the paper's optional tricks.
+    """Self-supervised pretraining model for any registered method (UniCLR, arXiv 2211.14516, and the
+    methods it unifies), with the paper's optional tricks.
 
     Args:
       encoder: functional backbone, images -> features ``[B, F]``.
       projector: functional head, features -> embeddings ``[B, D]``.
-      predictor: optional head on the online branch, ``[B, D] -> [B, D]``.
-      objective: ``simaffinity``, ``simwhitening`` or ``simtrace``.
-      temperature: τ (default 0.5 for SimAffinity, 1.0 for SimWhitening; unused by SimTrace).
-      gamma: weight of the symmetric loss ``‖A − Aᵀ‖_F`` (SimAffinity / SimWhitening).
-      eps: ridge ε added to the covariance before the Cholesky factorisation.
-      objective_options: extra keyword options of the objective (authors'-code variants:
-        ``mode="one_sided"``, ``stop_gradient_cov=True``, ``symmetric_directions=True``).
-      ema_momentum: base momentum of an EMA target encoder+projector (e.g. 0.99), or None.
-      ema_total_steps: steps over which the EMA momentum follows BYOL's cosine to 1.
+      predictor: head on the online branch, ``[B, D] -> [B, D]``: required by methods that always
+        use one (BYOL, SimSiam, MoCo v3), optional for the UniCLR methods, refused by the others.
+      method: a name in :data:`uniclr_tf.methods.REGISTRY` or a ``Method`` instance.
+      options: the method's options (``temperature``, ``ema_momentum``, ``queue_size``, ...); None
+        values keep the method's defaults. ``objective``, ``temperature``, ``gamma``, ``eps``,
+        ``ema_momentum`` and ``objective_options`` are the older spellings, still accepted.
+      ema_total_steps: steps over which a cosine EMA momentum rises to 1 (BYOL's schedule).
       augmenter: optional layer mapping a uint8 batch to a tuple of views inside the train step.
       num_global: how many of the views are global crops (the rest are local crops).
       num_classes: if set, an online linear probe on stop-gradient features is trained.
       gather_across_replicas: under a tf.distribute strategy, gather embeddings from every replica
-        so the affinity matrix and covariance are global (default, as simclr-tf2); False keeps them
-        per replica, as the authors' code does. Under JAX ``DataParallel`` arrays are global anyway.
+        so negatives, covariance and cross-correlation are global (default, as simclr-tf2); False
+        keeps them per replica, as the UniCLR authors' code does. Under JAX ``DataParallel`` arrays
+        are global anyway.
     """
 
-    def __init__(self, encoder, projector, predictor=None, objective="simtrace", temperature=None,
-                 gamma=0.01, eps=1e-4, objective_options=None, ema_momentum=None,
-                 ema_total_steps=1, augmenter=None, num_global=2, num_classes=None,
-                 gather_across_replicas=True, name="uniclr", **kwargs):
+    def __init__(self, encoder, projector, predictor=None, method=None, options=None, augmenter=None,
+                 num_global=2, num_classes=None, gather_across_replicas=True, ema_total_steps=1,
+                 objective=None, temperature=None, gamma=None, eps=None, ema_momentum=None,
+                 objective_options=None, name="uniclr", **kwargs):
         super().__init__(name=name, **kwargs)
-        if objective not in DEFAULT_TEMPERATURE:
-            raise ValueError(f"Unknown objective {objective!r}; expected one of {sorted(DEFAULT_TEMPERATURE)}")
         if num_global < 2:
             raise ValueError(f"num_global must be at least 2; received {num_global}")
-        if ema_momentum is not None and not 0.0 <= float(ema_momentum) < 1.0:
-            raise ValueError(f"ema_momentum must be in [0, 1); received {ema_momentum}")
+        self.method = self._make_method(method, objective, predictor, options, objective_options,
+                                        temperature=temperature, gamma=gamma, eps=eps, ema_momentum=ema_momentum)
+        if self.method.predictor == "never" and predictor is not None:
+            raise ValueError(f"--method={self.method.name} uses no predictor; received one")
+        if self.method.uses_predictor and predictor is None:
+            raise ValueError(f"--method={self.method.name} needs a predictor head; received predictor=None")
         self.encoder = encoder
         self.projector = projector
         self.predictor = predictor
-        self.objective = objective
-        self.temperature = DEFAULT_TEMPERATURE[objective] if temperature is None else float(temperature)
-        self.gamma = float(gamma)
-        self.eps = float(eps)
-        self.objective_options = dict(objective_options or {})
-        self.ema_momentum = None if ema_momentum is None else float(ema_momentum)
+        self.ema_momentum = self.method.ema_momentum
         self.ema_total_steps = max(int(ema_total_steps), 1)
         self.augmenter = augmenter
         self.num_global = int(num_global)
         self.num_classes = num_classes
         self.gather_across_replicas = bool(gather_across_replicas)
-        self._loss_fn = objectives.get_objective(objective)
 
         if self.ema_momentum is not None:
             self.target_encoder = _copy_model(encoder, "target_encoder")
@@ -120,20 +115,37 @@ class UniCLR(train_step_mixin(), keras.Model):
         else:
             self.target_encoder = self.target_projector = None
             self._ema_pairs = []
+        self.method_state = self.method.build_state(self, projector.output_shape[-1])
 
         if num_classes:
             self.probe = layers.Dense(int(num_classes), name="linear_probe")
             self.probe.build((None, encoder.output_shape[-1]))
         else:
             self.probe = None
-        names = ["loss", "objective_loss", "embedding_std"]
-        names += ["trace"] if objective == "simtrace" else ["cross_entropy", "symmetry"]
+        names = ["loss", "objective_loss", "embedding_std", *self.method.terms]
         if self.ema_momentum is not None:
             names.append("ema_momentum")
         if num_classes:
             names += ["probe_loss", "probe_accuracy"]
         self._trackers = {n: keras.metrics.Mean(name=n) for n in names}
         self.built = True
+
+    @staticmethod
+    def _make_method(method, objective, predictor, options, objective_options, **legacy):
+        if isinstance(method, methods.Method):
+            if options or objective_options or any(v is not None for v in legacy.values()):
+                raise ValueError("Pass options to the Method instance, not to the model")
+            return method
+        if method is not None and objective is not None and method != objective:
+            raise ValueError(f"method={method!r} and objective={objective!r} disagree; pass one")
+        name = method or objective or "simtrace"
+        opts = {_LEGACY_OPTIONS.get(k, k): v for k, v in {**legacy, **(objective_options or {})}.items()}
+        opts.update(options or {})
+        cls = methods.get(name)
+        if cls.predictor == "optional" and predictor is not None:
+            opts["predictor"] = True
+        # The legacy ``ema_momentum=None`` means "none" for methods where the EMA is optional.
+        return cls(**{k: v for k, v in opts.items() if k in cls.defaults or v is not None})
 
     @property
     def metrics(self):
@@ -146,47 +158,43 @@ class UniCLR(train_step_mixin(), keras.Model):
 
     # --- the step's maths, shared by both backends -------------------------------------------
     def _embed(self, views, training):
-        """Runs each group of same-size views through the network as one batch (one BN batch)."""
+        """Runs each group of same-size views through the network as one batch (one BN batch).
+
+        Returns per-view lists: backbone features, projector outputs ``z``, online embeddings (the
+        predictor's output where there is one) and, for the global views, the target embeddings.
+        """
         groups = [views[: self.num_global]]
         if len(views) > self.num_global:
             groups.append(views[self.num_global:])
-        features, online, target = [], [], []
+        kind = self.method.target_kind
+        features, projected, online, target = [], [], [], []
         for group in groups:
             x = ops.concatenate(list(group), axis=0)
             f = self.encoder(x, training=training)
             z = self.projector(f, training=training)
             p = self.predictor(z, training=training) if self.predictor is not None else z
             features += ops.split(f, len(group), axis=0)
+            projected += ops.split(z, len(group), axis=0)
             online += ops.split(p, len(group), axis=0)
             if group is groups[0]:
-                if self.target_encoder is not None:
-                    t = self.target_projector(self.target_encoder(x, training=training), training=training)
-                    target = ops.split(ops.stop_gradient(t), len(group), axis=0)
+                if kind == "ema":
+                    t = ops.stop_gradient(self.target_projector(self.target_encoder(x, training=training),
+                                                                training=training))
                 else:
-                    target = ops.split(z, len(group), axis=0)
-        return features, online, target
+                    t = ops.stop_gradient(z) if kind == "stop_gradient" else z
+                target = ops.split(t, len(group), axis=0)
+        return features, projected, online, target
 
     def view_pairs(self, num_views):
-        """(online index, target index) pairs compared by the loss; see the module docstring."""
-        g = range(self.num_global)
-        asymmetric = self.predictor is not None or self.target_encoder is not None
-        pairs = [(i, j) for i in g for j in g if (i != j if asymmetric else i < j)]
-        pairs += [(l, j) for l in range(self.num_global, num_views) for j in g]
-        return pairs
-
-    def _objective_kwargs(self):
-        kwargs = dict(self.objective_options)
-        if self.objective != "simtrace":
-            kwargs.update(temperature=self.temperature, gamma=self.gamma)
-        if self.objective != "simaffinity":
-            kwargs["eps"] = self.eps
-        return kwargs
+        """(online index, target index) pairs compared by the loss (the method's rule)."""
+        return self.method.view_pairs(self.num_global, num_views)
 
     def compute_objective(self, data, training=True):
-        """Returns ``(total loss, logs)`` for one batch: the objective averaged over view pairs,
-        plus the online probe's cross-entropy when labels are given. ``logs`` holds every term
-        (``cross_entropy`` and the unweighted ``symmetry`` ‖A − Aᵀ‖_F, or ``trace``), the collapse
-        diagnostic ``embedding_std`` (std of ℓ2-normalised online embeddings) and the probe's."""
+        """Returns ``(total loss, logs)`` for one batch: the method's loss averaged over view pairs,
+        plus the online probe's cross-entropy when labels are given. ``logs`` holds every term the
+        method declares, the collapse diagnostic ``embedding_std`` (std of the ℓ2-normalised
+        projector outputs of the first view) and the probe's. In training, the method's per-step
+        state (MoCo's queue) is updated afterwards, inside the step."""
         x, labels = unpack(data)
         if not _is_views(x):
             if self.augmenter is None:
@@ -196,18 +204,22 @@ class UniCLR(train_step_mixin(), keras.Model):
         views = list(x)
         if len(views) < self.num_global:
             raise ValueError(f"Expected at least {self.num_global} views; received {len(views)}")
-        features, online, target = self._embed(views, training)
+        features, projected, online, target = self._embed(views, training)
         if self.gather_across_replicas:
             online = [self.all_gather(z) for z in online]
             target = [self.all_gather(t) for t in target]
-        kwargs = self._objective_kwargs()
-        pairs = self.view_pairs(len(views))
-        results = [self._loss_fn(online[i], target[j], return_terms=True, **kwargs) for i, j in pairs]
+        results = [self.method.pair_loss(online[i], target[j], self.method_state)
+                   for i, j in self.view_pairs(len(views))]
         loss = ops.mean(ops.stack([r[0] for r in results]))
         logs = {"objective_loss": loss,
-                "embedding_std": objectives.embedding_std(ops.cast(online[0], "float32"))}
+                "embedding_std": objectives.embedding_std(ops.cast(projected[0], "float32"))}
         for term in results[0][1]:
+            if term not in self._trackers:
+                raise ValueError(f"--method={self.method.name} returned the term {term!r}, which it does not "
+                                 f"declare in `terms` {self.method.terms}")
             logs[term] = ops.mean(ops.stack([r[1][term] for r in results]))
+        if training:
+            self.method.update_state(self.method_state, target)
         total = loss
         if self.probe is not None and labels is not None:
             logits = ops.cast(self.probe(ops.stop_gradient(features[0])), "float32")
@@ -218,26 +230,31 @@ class UniCLR(train_step_mixin(), keras.Model):
         logs["loss"] = total
         return total, logs
 
+    def _momentum(self, step):
+        if self.method.ema_schedule == "constant":
+            return ops.cast(self.ema_momentum, "float32")
+        return momentum_schedule(step, self.ema_total_steps, self.ema_momentum)
+
     def current_ema_momentum(self):
-        """BYOL's cosine schedule of the EMA momentum, from ``ema_momentum`` to 1."""
-        return momentum_schedule(self.optimizer.iterations, self.ema_total_steps, self.ema_momentum)
+        """The EMA momentum of the next step: constant (MoCo v2) or BYOL's cosine from the base to 1."""
+        return self._momentum(self.optimizer.iterations)
 
     def update_target(self):
         """One EMA step of the target, ``t ← m·t + (1 − m)·o``, after every optimizer step.
 
         It runs inside ``train_step`` so no step is skipped when ``steps_per_execution > 1``
-        (callbacks fire once per block there; STACK.md). ``optimizer.iterations`` has already been
+        (Keras fires callbacks once per block of steps). ``optimizer.iterations`` has already been
         incremented, so step k (1-based) uses the momentum of schedule step k − 1.
         """
         if not self._ema_pairs:
             return
-        m = ops.cast(momentum_schedule(self.optimizer.iterations - 1, self.ema_total_steps, self.ema_momentum), "float32")
+        m = ops.cast(self._momentum(self.optimizer.iterations - 1), "float32")
         for t, o in self._ema_pairs:
             t.assign(ops.cast(m * ops.cast(t, "float32") + (1.0 - m) * ops.cast(o, "float32"), t.dtype))
 
     def update_metrics(self, logs):
         if self._ema_pairs:
-            logs = dict(logs, ema_momentum=momentum_schedule(self.optimizer.iterations - 1, self.ema_total_steps, self.ema_momentum))
+            logs = dict(logs, ema_momentum=self._momentum(self.optimizer.iterations - 1))
         for name, value in logs.items():
             self._trackers[name].update_state(value)
         return {name: tracker.result() for name, tracker in self._trackers.items()}

@@ -1,6 +1,7 @@
-r"""Pretrain an encoder with UniCLR.
+r"""Pretrain an encoder with UniCLR or any registered method.
 
     python -m uniclr_tf.train --flagfile=configs/simtrace.flags [--flag=value ...]
+    python -m uniclr_tf.train --flagfile=configs/quickstart.flags --method=byol
 
 A run folder ``<run_dir>/<run_name>`` receives the resolved flagfile (``flags.txt``, replayable
 with ``--flagfile``), ``config.json``, ``dataset.json``, TensorBoard logs (``tb/``), per-epoch
@@ -17,8 +18,7 @@ import time
 from absl import app, flags
 
 from uniclr_tf import flagutil
-from uniclr_tf.config import (AUGMENT_ON, ENCODERS, OBJECTIVES, OPTIMIZERS, PRECISIONS, STRATEGIES,
-                              WHITENING_MODES, TrainConfig)
+from uniclr_tf.config import AUGMENT_ON, ENCODERS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 
 HELP = {
     "dataset": "fashion_mnist | tfds:NAME[:SPLIT] | folder:PATH",
@@ -29,22 +29,20 @@ HELP = {
     "encoder": "Backbone architecture.",
     "encoder_width": "Base width of resnet18/tiny (0: 64 for resnet18, 16 for tiny).",
     "projector_dims": "Projector layer sizes, e.g. 2048,2048,256 (CIFAR) or 2048,2048,2048 (ImageNet).",
-    "predictor": "Add the asymmetric predictor on the online branch.",
-    "predictor_hidden": "Hidden size of the predictor.",
-    "objective": "UniCLR objective (PAPER.md).",
-    "temperature": "Temperature tau; 0 uses the objective's default (0.5 SimAffinity, 1.0 SimWhitening).",
-    "gamma": "Weight of the symmetric loss ||A - A^T||_F.",
-    "eps": "Ridge added to the covariance before Cholesky.",
-    "whitening_mode": "SimWhitening: cholesky (paper) or one_sided (authors' code).",
-    "stop_gradient_cov": "Stop the gradient through the whitening statistics (authors' code).",
-    "whitening_groups": "Whiten G feature groups separately (block-diagonal covariance; cheap at large D); "
-                        "1 is the paper's full whitening.",
-    "symmetric_directions": "Average the loss over both directions L(z1,z2), L(z2,z1) (authors' code).",
-    "ema_momentum": "Base momentum of an EMA target encoder (e.g. 0.99); 0 disables it.",
+    "predictor_hidden": "Hidden size of the predictor (methods with one: byol, simsiam, moco_v3, or --predictor).",
+    "method": "Self-supervised method (uniclr_tf.methods); its options are the flags below. Alias: --objective.",
+    "method_options": "",
     "num_local_crops": "Number of multi-crop local views (0: two global views only).",
     "local_size": "Local crop size; 0: half the global size.",
-    "global_scale": "RandomResizedCrop area range of global views.",
-    "local_scale": "RandomResizedCrop area range of local views.",
+    "global_scale": "RandomResizedCrop area range of global views (unset: the method's recipe).",
+    "local_scale": "RandomResizedCrop area range of local views (unset: the method's recipe).",
+    "flip_prob": "Horizontal flip probability (unset: the method's recipe).",
+    "color_jitter": "Colour jitter strengths brightness,contrast,saturation,hue (unset: the method's recipe).",
+    "color_jitter_prob": "Colour jitter probability (unset: the method's recipe).",
+    "grayscale_prob": "Grayscale probability (unset: the method's recipe).",
+    "blur_prob": "Gaussian blur probability, one or one per global view, e.g. 1.0,0.1 (unset: the method's "
+                 "recipe; blur is off on images of side <= 32 unless given).",
+    "solarize_prob": "Solarisation probability, one or one per global view, e.g. 0,0.2 (unset: the method's recipe).",
     "optimizer": "lars (paper), sgd or adamw.",
     "base_learning_rate": "Base learning rate; the peak is batch_size/256 * base.",
     "weight_decay": "Weight decay (LARS/SGD add it to the gradient; biases and BN excluded for LARS).",
@@ -61,83 +59,88 @@ HELP = {
     "augment_on": "host: augment in tf.data on the CPU; device: inside the compiled train step.",
     "precision": "Compute precision (linear algebra of the objectives always runs in float32).",
     "strategy": "default | mirrored (tf.distribute, TF) | tpu (TPUStrategy, TF) | data_parallel (JAX).",
-    "gather_across_replicas": "Gather embeddings across replicas (global affinity/covariance); "
+    "gather_across_replicas": "Gather embeddings across replicas (global negatives/covariance); "
                               "--nogather_across_replicas keeps them per replica (authors' code).",
     "tpu": "TPU name or grpc:// address for --strategy=tpu.",
     "jit_compile": "Compile the train step with XLA on TF (JAX always jits).",
     "steps_per_execution": "Train steps per compiled call.",
     "seed": "Random seed.",
     "run_dir": "Parent folder of run folders.",
-    "run_name": "Run folder name (empty: <objective>-<dataset>-<timestamp>).",
+    "run_name": "Run folder name (empty: <method>-<dataset>-<timestamp>).",
     "export": "Export a SavedModel of the encoder into <run>/export at the end (TF backend).",
 }
-ENUMS = {"objective": OBJECTIVES, "encoder": ENCODERS, "optimizer": OPTIMIZERS, "precision": PRECISIONS,
-         "strategy": STRATEGIES, "augment_on": AUGMENT_ON, "whitening_mode": WHITENING_MODES}
+ENUMS = {"encoder": ENCODERS, "optimizer": OPTIMIZERS, "precision": PRECISIONS,
+         "strategy": STRATEGIES, "augment_on": AUGMENT_ON}
+ALIASES = {"objective": "method", "gamma": "symmetric_loss_weight"}
 
 
 def define_flags(flag_values=flags.FLAGS):
-    """One flag per ``TrainConfig`` field, same name, same default."""
-    flagutil.define_flags(TrainConfig, HELP, ENUMS, flag_values)
+    """One flag per ``TrainConfig`` field (same name, same default), one per option of any registered
+    method (default None: the method's own), and the aliases ``--objective``, ``--gamma``."""
+    from uniclr_tf import methods
+    flagutil.define_flags(TrainConfig, HELP, ENUMS, flag_values, skip=("method", "method_options"))
+    flags.DEFINE_enum("method", TrainConfig.method, methods.names(), HELP["method"], flag_values=flag_values)
+    for name, spec in methods.option_specs().items():
+        users = [m for m in methods.names() if name in methods.get(m).defaults]
+        help_ = f"{spec.help} [{', '.join(users)}]"
+        flagutil.define_flag(name, None, spec.kind, help_, flag_values, choices=spec.choices or None)
+    for alias, target in ALIASES.items():
+        flags.DEFINE_alias(alias, target, flag_values=flag_values)
 
 
 def config_from_flags(flag_values=flags.FLAGS):
-    return flagutil.config_from_flags(TrainConfig, flag_values)
+    """A ``TrainConfig`` from parsed flags: fields, plus the method options that were given."""
+    from uniclr_tf import methods
+    values = flagutil.config_values(TrainConfig, flag_values, skip=("method", "method_options"))
+    options = {name: flag_values[name].value for name in methods.option_specs()
+               if flag_values[name].value is not None}
+    return TrainConfig(method=flag_values["method"].value, method_options=options, **values)
 
 
-def build_augmenter(cfg, info):
-    from uniclr_tf.augment import ViewAugmenter
+def build_augmenter(cfg, info, method=None):
+    """The method's view recipe with the view flags that were given, sized for the dataset."""
+    from uniclr_tf.augment import RECIPES, ViewAugmenter
+    method = method or cfg.build_method()
+    recipe = RECIPES[method.views].replace(**cfg.view_overrides())
     size = cfg.image_size or info.image_shape[0]
-    shape = (size, size, info.image_shape[-1])
-    return ViewAugmenter.for_dataset(shape, num_local=cfg.num_local_crops, local_size=cfg.local_size or None,
-                                     global_scale=cfg.global_scale, local_scale=cfg.local_scale,
-                                     mean=info.mean, std=info.std, seed=cfg.seed)
+    return ViewAugmenter.from_recipe(recipe, (size, size, info.image_shape[-1]), num_local=cfg.num_local_crops,
+                                     local_size=cfg.local_size or None, mean=info.mean, std=info.std,
+                                     seed=cfg.seed)
 
 
 def build_model(cfg, info, augmenter=None, synchronized_bn=False):
-    """Encoder + projector (+ predictor, EMA target, probe) wired into a ``UniCLR`` model."""
+    """Encoder + the method's heads (+ EMA target, state, probe) wired into a ``UniCLR`` model."""
     from uniclr_tf import encoders, heads
     from uniclr_tf.model import UniCLR
+    method = cfg.build_method()
     size = cfg.image_size or info.image_shape[0]
     encoder = encoders.build_encoder(cfg.encoder, (size, size, info.image_shape[-1]),
                                      width=cfg.encoder_width or None, synchronized_bn=synchronized_bn)
     feat = encoder.output_shape[-1]
-    proj = heads.projector(feat, cfg.projector_dims, synchronized_bn=synchronized_bn)
-    pred = heads.predictor(cfg.projector_dims[-1], cfg.predictor_hidden, synchronized_bn) if cfg.predictor else None
-    options = {}
-    if cfg.objective == "simwhitening" and cfg.whitening_mode != "cholesky":
-        options["mode"] = cfg.whitening_mode
-    if cfg.stop_gradient_cov and cfg.objective != "simaffinity":
-        options["stop_gradient_cov"] = True
-    if cfg.whitening_groups != 1 and cfg.objective != "simaffinity":
-        options["groups"] = cfg.whitening_groups
-    if cfg.symmetric_directions and cfg.objective != "simtrace":
-        options["symmetric_directions"] = True
-    return UniCLR(encoder, proj, pred, objective=cfg.objective, temperature=cfg.temperature or None,
-                  gamma=cfg.gamma, eps=cfg.eps, objective_options=options,
-                  ema_momentum=cfg.ema_momentum or None, ema_total_steps=cfg.epochs * max(cfg.steps_per_epoch, 1),
-                  augmenter=augmenter, num_global=2, gather_across_replicas=cfg.gather_across_replicas,
+    proj = heads.projector(feat, cfg.projector_dims, synchronized_bn=synchronized_bn,
+                           last_bn=method.projector_last_bn)
+    pred = (heads.predictor(cfg.projector_dims[-1], cfg.predictor_hidden, synchronized_bn)
+            if method.uses_predictor else None)
+    return UniCLR(encoder, proj, pred, method=method, augmenter=augmenter, num_global=2,
+                  ema_total_steps=cfg.epochs * max(cfg.steps_per_epoch, 1),
+                  gather_across_replicas=cfg.gather_across_replicas,
                   num_classes=info.num_classes if cfg.online_probe and info.num_classes else None)
 
 
 def build_optimizer(cfg, steps_per_epoch):
     """LARS (or SGD / AdamW) with the linear warm-up + cosine schedule, lr = batch/256 · base."""
-    import keras
-    from uniclr_tf.optimizers import LARS
+    from uniclr_tf.optimizers import build_optimizer as make_optimizer
     from uniclr_tf.schedules import WarmupCosine
-    total = cfg.epochs * steps_per_epoch
-    schedule = WarmupCosine(cfg.base_learning_rate, cfg.batch_size, total_steps=total,
+    schedule = WarmupCosine(cfg.base_learning_rate, cfg.batch_size, total_steps=cfg.epochs * steps_per_epoch,
                             warmup_steps=int(round(cfg.warmup_epochs * steps_per_epoch)))
-    if cfg.optimizer == "lars":
-        # The online probe is a plain linear classifier: no trust ratio, no decay (as solo-learn).
-        return LARS(schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                    exclude_from_adaptation=["linear_probe"], exclude_from_weight_decay=["linear_probe"])
-    if cfg.optimizer == "sgd":
-        return keras.optimizers.SGD(schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay or None)
-    return keras.optimizers.AdamW(schedule, weight_decay=cfg.weight_decay)
+    # The online probe is a plain linear classifier: no trust ratio, no decay (as solo-learn).
+    probe = ["linear_probe"] if cfg.optimizer == "lars" else ()
+    return make_optimizer(cfg.optimizer, schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                          exclude_from_adaptation=probe, exclude_from_weight_decay=probe)
 
 
 def make_run_dir(cfg):
-    name = cfg.run_name or f"{cfg.objective}-{cfg.dataset.replace(':', '_').replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = cfg.run_name or f"{cfg.method}-{cfg.dataset.replace(':', '_').replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = os.path.join(cfg.run_dir, name)
     os.makedirs(os.path.join(path, "checkpoints"), exist_ok=True)
     return path
@@ -146,7 +149,7 @@ def make_run_dir(cfg):
 def run(cfg):
     """Runs one pretraining job described by ``cfg``; returns the final metrics dict."""
     import keras
-    from uniclr_tf import data, distribute
+    from uniclr_tf import data, distribute, runs
     from uniclr_tf.augment import EvalPreprocess
     from uniclr_tf.callbacks import HistoryRecorder, KNNMonitor
     from uniclr_tf.evaluation import knn_eval, raw_pixel_knn
@@ -155,19 +158,21 @@ def run(cfg):
         raise ValueError("--export writes a TF SavedModel and needs KERAS_BACKEND=tensorflow; train under "
                          f"{keras.backend.backend()!r}, then run `python -m uniclr_tf.export` with the TF backend")
     keras.utils.set_random_seed(cfg.seed)
-    run_dir = make_run_dir(cfg)
-    with open(os.path.join(run_dir, "flags.txt"), "w") as f:
-        f.write(cfg.to_flagfile())
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        f.write(cfg.to_json())
+    cfg = cfg.resolved()  # the method's defaults written out: flags.txt replays the same run
+    method = cfg.build_method()
 
     info = data.load_dataset(cfg.dataset, image_size=cfg.image_size or None, data_dir=cfg.data_dir or None,
                              skip_bad_files=cfg.skip_bad_files, max_examples=cfg.max_examples or None)
     size = cfg.image_size or info.image_shape[0]
-    with open(os.path.join(run_dir, "dataset.json"), "w") as f:
-        json.dump({"dataset": cfg.dataset, "image_shape": [size, size, info.image_shape[-1]],
-                   "num_classes": info.num_classes, "mean": list(map(float, info.mean)),
-                   "std": list(map(float, info.std)), "num_train": info.num_train}, f, indent=2)
+    augmenter = build_augmenter(cfg, info, method)
+    run_dir = make_run_dir(cfg)
+    runs.atomic_write_text(os.path.join(run_dir, "flags.txt"), cfg.to_flagfile())
+    runs.atomic_write_json(os.path.join(run_dir, "config.json"),
+                           {**cfg.to_dict(), "views": json.loads(json.dumps(augmenter.get_config(), default=str))})
+    runs.atomic_write_json(os.path.join(run_dir, "dataset.json"),
+                           {"dataset": cfg.dataset, "image_shape": [size, size, info.image_shape[-1]],
+                            "num_classes": info.num_classes, "mean": list(map(float, info.mean)),
+                            "std": list(map(float, info.std)), "num_train": info.num_train})
     num_train = min(info.num_train, cfg.max_examples or info.num_train)
     steps_per_epoch = cfg.steps_per_epoch or max(num_train // cfg.batch_size, 1)
     cfg = dataclasses.replace(cfg, steps_per_epoch=steps_per_epoch)
@@ -178,7 +183,8 @@ def run(cfg):
     replicas = distribute.num_replicas(strategy)
     if cfg.batch_size % replicas:
         raise ValueError(f"--batch_size={cfg.batch_size} must be divisible by the {replicas} replicas")
-    augmenter = build_augmenter(cfg, info)
+    if replicas > 1 and not cfg.gather_across_replicas:  # each replica's loss sees its own rows only
+        method.check_setup(cfg.batch_size // replicas, int(cfg.projector_dims[-1]))
     labelled = bool(info.num_classes) and cfg.online_probe
     if data.have_tensorflow():
         train_ds = data.pretrain_dataset(info, cfg.batch_size, augmenter if cfg.augment_on == "host" else None,
@@ -199,13 +205,15 @@ def run(cfg):
 
     preprocess = EvalPreprocess(size, info.mean, info.std)
     callbacks = []
-    knn_train = knn_test = None
+    knn_train = knn_test = raw = None
     if info.num_classes:
         knn_train = data.as_numpy(info, "train", max_examples=cfg.knn_max_train or None)
         knn_test = data.as_numpy(info, "test")
+        raw = raw_pixel_knn(knn_train, knn_test, info.num_classes, cfg.knn_k, cfg.knn_temperature)
         callbacks.append(KNNMonitor(model.encoder, preprocess, knn_train, knn_test, info.num_classes,
                                     every=cfg.knn_every, k=cfg.knn_k, temperature=cfg.knn_temperature))
-    history = HistoryRecorder(run_dir)
+    history = HistoryRecorder(run_dir, title=f"{cfg.method} · {os.path.basename(run_dir)} · {cfg.dataset}",
+                              reference={"raw-pixel kNN top-1": raw["top1"]} if raw else None)
     callbacks += [history,
                   keras.callbacks.CSVLogger(os.path.join(run_dir, "log.csv")),
                   # One rolling checkpoint (a ResNet-18 run would otherwise keep ~100 MB per epoch).
@@ -213,24 +221,23 @@ def run(cfg):
                                                   save_weights_only=True)]
     if data.have_tensorflow():  # Keras's TensorBoard callback writes through tf.summary
         callbacks.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tb"), update_freq="epoch"))
-    print(f"run folder: {run_dir}\n{cfg.dataset}: {num_train} training images {tuple(info.image_shape)}, "
+    print(f"run folder: {run_dir}\nmethod: {method!r}, logging {', '.join(method.terms)}\n"
+          f"{cfg.dataset}: {num_train} training images {tuple(info.image_shape)}, "
           f"{steps_per_epoch} steps/epoch of batch {cfg.batch_size}, backend {keras.backend.backend()}")
     model.fit(train_ds, epochs=cfg.epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=1)
 
-    model.encoder.save(os.path.join(run_dir, "encoder.keras"))
-    model.projector.save(os.path.join(run_dir, "projector.keras"))
-    model.save_weights(os.path.join(run_dir, "model.weights.h5"))
-    metrics = {"epochs": cfg.epochs, "steps": cfg.epochs * steps_per_epoch,
+    runs.atomic_save(os.path.join(run_dir, "encoder.keras"), model.encoder.save)
+    runs.atomic_save(os.path.join(run_dir, "projector.keras"), model.projector.save)
+    runs.atomic_save(os.path.join(run_dir, "model.weights.h5"), model.save_weights)
+    metrics = {"method": cfg.method, "epochs": cfg.epochs, "steps": cfg.epochs * steps_per_epoch,
                "final_loss": history.epochs[-1]["loss"] if history.epochs else None}
     if info.num_classes:
         ssl = knn_eval(model.encoder, preprocess, knn_train, knn_test, info.num_classes, cfg.knn_k, cfg.knn_temperature)
-        raw = raw_pixel_knn(knn_train, knn_test, info.num_classes, cfg.knn_k, cfg.knn_temperature)
         metrics.update(knn_top1=ssl["top1"], knn_top5=ssl["top5"], raw_pixel_knn_top1=raw["top1"],
                        raw_pixel_knn_top5=raw["top5"], knn_memory_bank=len(knn_train[0]), knn_test=len(knn_test[0]))
         print(f"kNN top-1 (k={cfg.knn_k}, T={cfg.knn_temperature}) on the test split: {ssl['top1']:.4f} | "
               f"raw-pixel kNN baseline: {raw['top1']:.4f}")
-    with open(os.path.join(run_dir, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=2)
+    runs.atomic_write_json(os.path.join(run_dir, "metrics.json"), metrics)
     if cfg.export:
         from uniclr_tf.export import export_run
         export_run(run_dir, os.path.join(run_dir, "export"))

@@ -13,7 +13,7 @@ class TensorFlowTrainStep:
         with tf.GradientTape() as tape:
             loss, logs = self.compute_objective(data, training=True)
             # Every replica computes the same global loss from gathered embeddings, and Keras sums
-            # gradients across replicas (STACK.md): divide once so updates equal one device's.
+            # gradients across replicas: divide once so updates equal one device's.
             scaled = self.optimizer.scale_loss(loss / replicas)
         grads = tape.gradient(scaled, variables)
         self.optimizer.apply(grads, variables)
@@ -25,4 +25,7 @@ class TensorFlowTrainStep:
         ctx = tf.distribute.get_replica_context()
         if ctx is None or ctx.num_replicas_in_sync == 1:
             return x
-        return ctx.all_gather(x, axis=0)
+        gathered = ctx.all_gather(x, axis=0)
+        if x.shape[0] is not None:  # keep the batch size static (XLA/TPU; losses that split the batch)
+            gathered = tf.ensure_shape(gathered, [x.shape[0] * ctx.num_replicas_in_sync, *x.shape[1:]])
+        return gathered

@@ -1,7 +1,7 @@
 r"""Throughput benchmark of UniCLR pre-training (issue 5).
 
-    python -m uniclr_tf.bench [--quick] [--image_shape=32,32,3] [--out=benchmarks/x.json]
-    KERAS_BACKEND=jax python -m uniclr_tf.bench ...          # the GPU path
+    python -m benchmarks.bench [--quick] [--image_shape=32,32,3] [--out=benchmarks/x.json]
+    KERAS_BACKEND=jax python -m benchmarks.bench ...          # the GPU path
 
 Sections (each: warm-up, then the median of ``--reps`` timed repetitions of ``--steps`` steps;
 every repetition ends by waiting for the device, so asynchronous dispatch is counted):
@@ -73,7 +73,8 @@ def define_flags():
     flags.DEFINE_enum("encoder", "resnet18", ["resnet18", "resnet50", "tiny"], "Backbone.")
     flags.DEFINE_integer("encoder_width", 0, "Base width (0: the architecture's default).")
     flags.DEFINE_list("projector_dims", ["2048", "2048", "256"], "Projector layer sizes.")
-    flags.DEFINE_enum("objective", "simtrace", ["simaffinity", "simwhitening", "simtrace"], "Objective of the step.")
+    from uniclr_tf import methods
+    flags.DEFINE_enum("objective", "simtrace", list(methods.names()), "Method of the step (uniclr_tf.methods).")
     flags.DEFINE_integer("whitening_groups", 1, "Feature groups of the step's whitening (1: the paper's full whitening).")
     flags.DEFINE_bool("stop_gradient_cov", False, "Stop the gradient through the step's whitening statistics.")
     flags.DEFINE_integer("batch_size", 512, "Images per step (each gives two views).")
@@ -199,9 +200,12 @@ def build_training_model(shape, mean, std):
     from uniclr_tf.config import TrainConfig
     from uniclr_tf.train import build_augmenter, build_model, build_optimizer
 
-    cfg = TrainConfig(encoder=FLAGS.encoder, encoder_width=FLAGS.encoder_width,
-                      projector_dims=tuple(_ints(FLAGS.projector_dims)), objective=FLAGS.objective,
-                      stop_gradient_cov=FLAGS.stop_gradient_cov, whitening_groups=FLAGS.whitening_groups,
+    from uniclr_tf import methods
+    takes = methods.get(FLAGS.objective).defaults
+    options = {k: v for k, v in (("stop_gradient_cov", FLAGS.stop_gradient_cov),
+                                 ("whitening_groups", FLAGS.whitening_groups)) if k in takes}
+    cfg = TrainConfig.make(encoder=FLAGS.encoder, encoder_width=FLAGS.encoder_width,
+                      projector_dims=tuple(_ints(FLAGS.projector_dims)), method=FLAGS.objective, **options,
                       batch_size=FLAGS.batch_size,
                       precision=FLAGS.precision, seed=FLAGS.seed, online_probe=False,
                       augment_on="device", epochs=100, warmup_epochs=10)
@@ -496,7 +500,7 @@ def environment(backend):
     env = {"backend": backend, "keras": keras.__version__, "python": platform.python_version(),
            "cpu_count": os.cpu_count(), "machine": platform.machine(), "date": _now(),
            "loadavg_1m_at_start": os.getloadavg()[0],
-           "command": "python -m uniclr_tf.bench " + " ".join(sys.argv[1:])}
+           "command": "python -m benchmarks.bench " + " ".join(sys.argv[1:])}
     if backend == "jax":
         import jax
 

@@ -1,0 +1,235 @@
+"""Registry-driven tests: every registered method, with no per-method test code.
+
+For each ``--method`` in :data:`uniclr_tf.methods.REGISTRY` (a new method is picked up as soon as
+it is registered):
+
+* declarations are complete (family, paper, terms, heads, target, views, flagfile, README row);
+* options that the method does not take are refused, naming the flag;
+* one subprocess per backend trains it two steps from the same saved weights: TF (graph), TF with
+  XLA, and JAX give the same losses and terms;
+* its stop-gradient / EMA targets receive no gradient (and a "same" target does);
+* its loss and gradients are finite on a collapsed batch (every image identical);
+* the train CLI's ``run`` trains it on a slice of Fashion-MNIST, with its terms in the progress bar,
+  ``history.json``, ``log.csv``, TensorBoard and ``curves.png``, and the run exports to a SavedModel
+  that reproduces the Keras encoder + projector.
+
+Two-replica parity of every method is in ``tests/test_distribute.py``.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO_ROOT
+from uniclr_tf import methods
+from uniclr_tf.config import TrainConfig
+
+NAMES = methods.names()
+
+# A tiny network per method, built the way train.build_model does (heads from the method).
+BUILD = r"""
+import json, os, numpy as np, keras
+from uniclr_tf import encoders, heads, methods
+from uniclr_tf.model import UniCLR
+
+def build(name):
+    keras.utils.set_random_seed(1)
+    cls = methods.get(name)
+    options = dict(queue_size=24) if "queue_size" in cls.defaults else dict()
+    method = cls(**options)
+    enc = encoders.build_encoder("tiny", (16, 16, 1), width=4)
+    proj = heads.projector(16, (32, 8), last_bn=cls.projector_last_bn)
+    pred = heads.predictor(8, 16) if method.uses_predictor else None
+    return UniCLR(enc, proj, pred, method=method, ema_total_steps=10, num_classes=3)
+
+rng = np.random.default_rng(0)
+v1 = rng.normal(size=(16, 16, 16, 1)).astype("float32")
+VIEWS = (v1, (v1 + 0.3 * rng.normal(size=v1.shape)).astype("float32"))
+LABELS = np.arange(16) % 3
+
+def two_steps(name, path, **compile_kwargs):
+    model = build(name)
+    if os.path.exists(path):
+        model.load_weights(path)
+    else:
+        model.save_weights(path)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), **compile_kwargs)
+    logs = [model.train_on_batch(VIEWS, LABELS, return_dict=True) for _ in range(2)]
+    return [{k: float(v) for k, v in step.items()} for step in logs]
+"""
+
+TF_RUN = BUILD + r"""
+import tensorflow as tf
+OUT = {}
+for name in __NAMES__:
+    path = os.path.join(__TMP__, name + ".weights.h5")
+    graph = two_steps(name, path)
+    xla = two_steps(name, path, jit_compile=True)
+    model = build(name)
+    # Targets: no gradient may flow into a stop-gradient or EMA target; a "same" target does carry one.
+    with tf.GradientTape(persistent=True) as tape:
+        _, _, online, target = model._embed(list(VIEWS), training=True)
+        # A random projection: the projector's last BN makes plain sums (and sums of squares) constant.
+        weights = np.random.default_rng(1).normal(size=(16, 8)).astype("float32")
+        target_sum = tf.add_n([tf.reduce_sum(tf.cast(t, "float32") * weights) for t in target])
+    grads = tape.gradient(target_sum, model.trainable_variables)
+    target_grad = sum(float(tf.reduce_sum(tf.abs(g))) for g in grads if g is not None)
+    # A collapsed batch: every image identical.
+    same = np.ones((16, 16, 16, 1), "float32")
+    with tf.GradientTape() as tape:
+        loss, logs = model.compute_objective((same, same), training=True)
+    grads = tape.gradient(loss, model.trainable_variables)
+    collapsed = {"loss": float(loss), "finite_grads": all(bool(np.all(np.isfinite(g))) for g in grads if g is not None),
+                 "terms": {k: float(v) for k, v in logs.items()}}
+    OUT[name] = {"graph": graph, "xla": xla, "target_grad": target_grad, "target_kind": model.method.target_kind,
+                 "collapsed": collapsed}
+print(json.dumps(OUT))
+"""
+
+JAX_RUN = BUILD + r"""
+OUT = {name: two_steps(name, os.path.join(__TMP__, name + ".weights.h5")) for name in __NAMES__}
+print(json.dumps(OUT))
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from tests.conftest import run_python_snippet
+    tmp = str(tmp_path_factory.mktemp("methods"))
+    fill = lambda code: code.replace("__NAMES__", repr(NAMES)).replace("__TMP__", repr(tmp))
+    tf_out = run_python_snippet(fill(TF_RUN), backend="tensorflow")
+    jax_out = run_python_snippet(fill(JAX_RUN), backend="jax")
+    return tf_out, jax_out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_method_declares_everything(name):
+    from uniclr_tf.augment import RECIPES
+    cls = methods.get(name)
+    assert cls.name == name
+    assert cls.family in ("UniCLR", "contrastive", "asymmetric", "whitening", "consistency")
+    assert re.search(r"arXiv \d{4}\.\d{4,5}", cls.paper), cls.paper
+    assert cls.terms and len(set(cls.terms)) == len(cls.terms)
+    assert cls.target in ("same", "stop_gradient", "ema") and cls.predictor in ("never", "optional", "always")
+    assert cls.views in RECIPES
+    for option in cls.defaults:
+        assert cls.spec(option).help, option
+    # Its flagfile trains this method, and the README's method table names it with the flagfile.
+    from absl import flags
+    from uniclr_tf import train
+    fv = flags.FlagValues()
+    train.define_flags(fv)
+    fv(["train", f"--flagfile={REPO_ROOT / 'configs' / 'methods' / (name + '.flags')}"])
+    assert train.config_from_flags(fv).method == name
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert re.search(rf"^\| `{name}` .*configs/methods/{name}\.flags", readme, re.M), name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_options_the_method_does_not_take_are_refused(name):
+    takes = methods.get(name).defaults
+    foreign = sorted(set(methods.option_specs()) - set(takes))
+    assert foreign
+    for option in foreign:
+        spec = methods.option_specs()[option]
+        value = {bool: True, int: 3, float: 0.5, str: "cholesky"}[spec.kind]
+        with pytest.raises(ValueError, match=f"--{option}.*does not apply to --method={name}"):
+            TrainConfig.make(method=name, **{option: value})
+    # The method's own options are accepted and resolved; unset ones take its defaults.
+    resolved = TrainConfig.make(method=name).resolved()
+    assert resolved.options == methods.create(name).options
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tf_xla_and_jax_train_the_same(name, trained):
+    tf_out, jax_out = trained
+    graph, xla, jax = tf_out[name]["graph"], tf_out[name]["xla"], jax_out[name]
+    terms = set(methods.get(name).terms)
+    for step in range(2):
+        assert terms <= set(graph[step]), (terms, graph[step])
+        for key in sorted(terms | {"objective_loss", "loss", "embedding_std"}):
+            assert np.isfinite(graph[step][key]), (key, graph[step])
+            np.testing.assert_allclose(xla[step][key], graph[step][key], rtol=2e-4, atol=2e-5, err_msg=key)
+            np.testing.assert_allclose(jax[step][key], graph[step][key], rtol=2e-4, atol=2e-5, err_msg=key)
+    # The second step saw the first one's update: the losses differ (the step really trained).
+    assert graph[0]["objective_loss"] != graph[1]["objective_loss"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_targets_get_no_gradient_unless_they_are_the_online_network(name, trained):
+    out = trained[0][name]
+    if out["target_kind"] == "same":
+        assert out["target_grad"] > 0
+    else:
+        assert out["target_grad"] == 0.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loss_is_finite_on_a_collapsed_batch(name, trained):
+    collapsed = trained[0][name]["collapsed"]
+    assert np.isfinite(collapsed["loss"]) and collapsed["finite_grads"], collapsed
+    assert all(np.isfinite(v) for v in collapsed["terms"].values()), collapsed
+
+
+CLI_RUN = r"""
+import json, os, sys
+from uniclr_tf import export, train
+REPORT = {}
+from uniclr_tf.config import TrainConfig
+for name in __NAMES__:
+    cfg = TrainConfig.make(method=name, encoder="tiny", encoder_width=4, projector_dims=(32, 16), predictor_hidden=16,
+                           batch_size=32, epochs=2, steps_per_epoch=2, warmup_epochs=0, max_examples=256,
+                           knn_every=2, knn_max_train=256, run_dir=__TMP__, run_name=name,
+                           **({"queue_size": 64} if name in ("moco_v2", "co2") else {}))
+    run_dir, _ = train.run(cfg)
+    # Export: the SavedModel (inference-mode BN) must reproduce the Keras encoder + projector.
+    out = os.path.join(run_dir, "export")
+    export.export_run(run_dir, out)
+    check = export.check_export(out, run_dir)
+    REPORT[name] = {"ok": check["ok"], "max_abs_diff": check["max_abs_diff"]}
+print(json.dumps(REPORT))
+"""
+
+
+def test_cli_trains_and_exports_every_method(tmp_path):
+    """The train CLI's ``run`` for every method (one process), on real Fashion-MNIST images, then
+    ``export`` of each run folder, checked against the Keras models."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run([sys.executable, "-c", CLI_RUN.replace("__NAMES__", repr(NAMES)).replace("__TMP__", repr(str(tmp_path)))],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    exports = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in NAMES:
+        assert exports[name]["ok"], (name, exports[name])
+        run = tmp_path / name
+        terms = methods.get(name).terms
+        history = json.loads((run / "history.json").read_text())
+        assert len(history) == 2
+        for term in terms:
+            assert all(np.isfinite(e[term]) for e in history), (name, term, history)
+            assert re.search(rf"{term}: -?[\d.]+", proc.stdout), (name, term)  # the progress bar
+        header = (run / "log.csv").read_text().splitlines()[0].split(",")
+        assert set(terms) <= set(header), (name, header)
+        assert (run / "curves.png").stat().st_size > 10_000
+        config = json.loads((run / "config.json").read_text())
+        assert config["method"] == name and config["method_options"] == methods.create(
+            name, **({"queue_size": 64} if name in ("moco_v2", "co2") else {})).options
+        tags = _tensorboard_tags(run / "tb")
+        assert {f"epoch_{t}" for t in terms} <= tags, (name, tags)
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert metrics["method"] == name and 0 < metrics["knn_top1"] <= 1
+
+
+def _tensorboard_tags(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    tags = set()
+    for path in folder.rglob("*tfevents*"):
+        acc = EventAccumulator(str(path))
+        acc.Reload()
+        tags |= set(acc.Tags().get("scalars", [])) | set(acc.Tags().get("tensors", []))
+    return tags

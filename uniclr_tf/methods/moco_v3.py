@@ -1,0 +1,25 @@
+"""MoCo v3 (Chen, Xie, He, ICCV 2021, arXiv 2104.02057).
+
+EMA target (0.99 rising to 1 on a cosine) and a predictor on the online branch; symmetrised InfoNCE
+over the batch (the other keys of the batch are the negatives, no queue), τ 0.2. The authors scale
+the loss by 2τ and sum the two directions; here the directions are averaged (LARS's trust ratio
+absorbs the constant).
+"""
+
+from uniclr_tf import objectives
+from uniclr_tf.methods.base import Method
+
+
+class MoCoV3(Method):
+    name, family = "moco_v3", "contrastive"
+    paper = "Chen, Xie, He 2021, arXiv 2104.02057"
+    terms = ("cross_entropy", "symmetry")
+    target = "ema"
+    predictor = "always"
+    views = "byol"  # MoCo v3 uses BYOL's asymmetric blur / solarisation
+    defaults = {"temperature": 0.2, "ema_momentum": 0.99, "symmetric_loss_weight": 0.0}
+
+    def pair_loss(self, online, target, state):
+        loss, terms = objectives.info_nce_loss(online, target, temperature=self.options["temperature"],
+                                               return_terms=True)
+        return self.with_symmetry(loss, terms, online, target)

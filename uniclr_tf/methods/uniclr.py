@@ -1,0 +1,62 @@
+"""The UniCLR objectives (arXiv 2211.14516): SimAffinity, SimWhitening, SimTrace.
+
+Symmetric when used plain; the paper's tricks (Table 1) are options: an EMA target
+(``--ema_momentum``), a predictor (``--predictor``) and multi-crop (any method). The symmetric loss
+``γ‖A − Aᵀ‖_F`` is part of SimAffinity's and SimWhitening's definition (Eq. 6), with γ the option
+``symmetric_loss_weight`` (alias ``--gamma``).
+"""
+
+from uniclr_tf import objectives
+from uniclr_tf.methods.base import Method
+
+PAPER = "Li et al. 2022, arXiv 2211.14516"
+_TRICKS = {"ema_momentum": 0.0, "predictor": False}
+_WHITENING = {"eps": 1e-4, "stop_gradient_cov": False, "whitening_groups": 1}
+
+
+class SimAffinity(Method):
+    """Cross-entropy over the rows of the affinity ``A = n(z1) n(z2)ᵀ / τ`` plus ``γ‖A − Aᵀ‖_F``."""
+
+    name, family, paper = "simaffinity", "UniCLR", PAPER
+    terms = ("cross_entropy", "symmetry")
+    predictor = "optional"
+    defaults = {"temperature": 0.5, "symmetric_loss_weight": 0.01, "symmetric_directions": False, **_TRICKS}
+
+    def pair_loss(self, online, target, state):
+        o = self.options
+        return objectives.sim_affinity_loss(online, target, temperature=o["temperature"],
+                                            gamma=o["symmetric_loss_weight"],
+                                            symmetric_directions=o["symmetric_directions"], return_terms=True)
+
+
+class SimWhitening(Method):
+    """SimAffinity on Cholesky-whitened (then ℓ2-normalised) embeddings (Eq. 2)."""
+
+    name, family, paper = "simwhitening", "UniCLR", PAPER
+    terms = ("cross_entropy", "symmetry")
+    predictor = "optional"
+    whitens = True
+    defaults = {"temperature": 1.0, "symmetric_loss_weight": 0.01, "symmetric_directions": False,
+                "whitening_mode": "cholesky", **_WHITENING, **_TRICKS}
+
+    def pair_loss(self, online, target, state):
+        o = self.options
+        return objectives.sim_whitening_loss(
+            online, target, temperature=o["temperature"], gamma=o["symmetric_loss_weight"], eps=o["eps"],
+            mode=o["whitening_mode"], stop_gradient_cov=o["stop_gradient_cov"],
+            symmetric_directions=o["symmetric_directions"], groups=o["whitening_groups"], return_terms=True)
+
+
+class SimTrace(Method):
+    """``−(1/N) tr((z1 − μ) Σ⁻¹ (z2 − μ)ᵀ)``: the whitened affinity's trace (Eq. 3, 4)."""
+
+    name, family, paper = "simtrace", "UniCLR", PAPER
+    terms = ("trace",)
+    predictor = "optional"
+    whitens = True
+    defaults = {**_WHITENING, **_TRICKS}
+
+    def pair_loss(self, online, target, state):
+        o = self.options
+        return objectives.sim_trace_loss(online, target, eps=o["eps"], stop_gradient_cov=o["stop_gradient_cov"],
+                                         groups=o["whitening_groups"], return_terms=True)

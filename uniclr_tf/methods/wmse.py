@@ -1,0 +1,46 @@
+"""W-MSE (Ermolov, Siarohin, Sangineto, Sebe, ICML 2021, arXiv 2007.06346).
+
+The embeddings are Cholesky-whitened in sub-batches of ``--whitening_size`` rows (each view with
+its own statistics, as W-MSE does), then ``2 − 2·cos`` between the two views' whitened rows. Same
+network on both branches; projector Linear-BN-ReLU-Linear to a small embedding (64 on CIFAR).
+Needs ``whitening_size > D``; the default (0) picks the smallest divisor of the batch that is at
+least ``2·D`` (W-MSE's 128 rows for D = 64), or the whole batch.
+"""
+
+from uniclr_tf import objectives
+from uniclr_tf.methods.base import Method, Option
+
+
+class WMSE(Method):
+    name, family = "wmse", "whitening"
+    paper = "Ermolov et al. 2021, arXiv 2007.06346"
+    terms = ("distance",)
+    projector_last_bn = False
+    views = "simclr"
+    defaults = {"eps": 1e-4, "whitening_size": 0}
+    option_specs = {"whitening_size": Option(int, "W-MSE: rows per whitening sub-batch (must divide the "
+                                                  "batch and exceed the embedding size); 0: the smallest "
+                                                  "divisor of the batch >= 2 x the embedding size.",
+                                             lambda v: v == 0 or v > 1, "0 or an integer > 1")}
+
+    def sub_batch(self, batch_size, embedding_dim):
+        """Rows per whitening sub-batch for a batch of ``batch_size`` rows."""
+        size = int(self.options["whitening_size"])
+        if size == 0:
+            size = next((d for d in range(2 * embedding_dim, batch_size) if batch_size % d == 0), batch_size)
+        return min(size, batch_size)
+
+    def check_setup(self, batch_size, embedding_dim):
+        size = self.sub_batch(batch_size, embedding_dim)
+        if batch_size % size:
+            raise ValueError(f"--whitening_size={size} must divide the batch of {batch_size} rows (--batch_size)")
+        if size <= embedding_dim:
+            raise ValueError(f"--whitening_size={size}: W-MSE whitens sub-batches of this many rows, which must "
+                             f"exceed the embedding size {embedding_dim} (--projector_dims) for a full-rank covariance")
+
+    def pair_loss(self, online, target, state):
+        if online.shape[0] is None:
+            raise ValueError("wmse needs a static batch size to split it into whitening sub-batches; batch the "
+                             "data with drop_remainder=True (train.run does)")
+        size = self.sub_batch(online.shape[0], online.shape[1])
+        return objectives.wmse_loss(online, target, eps=self.options["eps"], whitening_size=size, return_terms=True)
