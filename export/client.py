@@ -3,7 +3,7 @@ r"""Send images to the exported UniCLR model on TF Serving; get features and emb
     python export/client.py --server=http://localhost:8501 --model=uniclr img1.png img2.jpg [--out=f.npz]
     python export/client.py --grpc=localhost:8500 --model=uniclr img1.png        # needs tensorflow-serving-api
 
-REST (standard library + NumPy; PIL only to read image files): ``POST /v1/models/NAME:predict``
+REST (standard library + NumPy): ``POST /v1/models/NAME:predict``
 with ``{"signature_name": "serving_default", "instances": [<uint8 image [H][W][C]>, ...]}`` (row
 format) or ``{"signature_name": ..., "inputs": {"images": [...]}}`` (columnar, ``columnar=True``);
 the answer ``{"predictions": [{"features": [...], "embedding": [...]}, ...]}`` or
@@ -12,9 +12,12 @@ the answer ``{"predictions": [{"features": [...], "embedding": [...]}, ...]}`` o
 gRPC (``PredictionService.Predict``) is used when ``tensorflow_serving_apis`` is importable
 (``pip install --no-deps tensorflow-serving-api`` next to TensorFlow); it is untested here.
 
-Images are checked before sending with :func:`uniclr_tf.export.check_images` (uint8, rank 4, the
-model's channel count, read from the model's metadata when not given). Images of different sizes go
-in separate requests (one request holds one tensor); the model resamples each to its training size.
+Image files are decoded exactly as ``folder:`` datasets are for training, by
+:func:`uniclr_tf.data.decode_image` (TensorFlow's decoder when installed, else Pillow's; see
+:func:`load_images`). Images are checked before sending with :func:`uniclr_tf.export.check_images`
+(uint8, rank 4, the model's channel count, read from the model's metadata when not given). Images
+of different sizes go in separate requests (one request holds one tensor); the model resamples each
+to its training size.
 """
 
 import argparse
@@ -165,16 +168,35 @@ def grpc_available():
     return True
 
 
-def load_images(paths, channels):
-    """Image files → list of uint8 ``[H, W, channels]`` arrays (grayscale for 1 channel, else RGB)."""
-    from PIL import Image
+def load_images(paths, channels, backend=None):
+    """Image files → list of uint8 ``[H, W, channels]`` arrays, decoded as training decodes them.
+
+    Each file goes through :func:`uniclr_tf.data.decode_image`, the decoder of ``folder:`` datasets
+    (16-bit PNGs keep their high byte: 10000 → 39, not 255; alpha dropped; palettes → RGB).
+    ``backend``: None uses TensorFlow's decoder when TensorFlow is installed (training's, exactly),
+    else Pillow's (the same pixels except JPEG, a few levels off; see ``decode_image``).
+    A grey image sent to an RGB model is repeated over 3 channels, as training stacks a dataset that
+    mixes grey and colour images. A colour image sent to a grey model (training never has that
+    case: one colour image makes a folder dataset RGB) is converted to luma (Pillow's ``"L"``).
+    """
+    from uniclr_tf.data import ImageDecodeError, decode_image
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3; received {channels}")
     arrays = []
     for path in paths:
-        with Image.open(path) as image:
-            array = np.asarray(image.convert("L" if channels == 1 else "RGB"), dtype=np.uint8)
-        arrays.append(array[..., None] if array.ndim == 2 else array)
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            array = decode_image(raw, backend=backend)
+        except ImageDecodeError as e:
+            raise ValueError(f"{path}: {e}") from None
+        if array.shape[-1] != channels:
+            if channels == 3:
+                array = np.repeat(array, 3, axis=-1)
+            else:
+                from PIL import Image
+                array = np.asarray(Image.fromarray(array).convert("L"), dtype=np.uint8)[..., None]
+        arrays.append(array)
     return arrays
 
 

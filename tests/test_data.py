@@ -4,8 +4,11 @@ Folders are written with PIL into ``tmp_path``; TFDS datasets are mocked
 (``tfds.testing.mock_data``), so nothing touches the network.
 """
 
+import io
 import logging
 import os
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -325,6 +328,140 @@ def test_unknown_spec_lists_forms(tmp_path):
     assert f"folder:{tmp_path}" in str(error.value)
     with pytest.raises(ValueError):
         data.load_dataset("fashion_mnist", image_size=(0, 3))
+
+
+# --- decode_image: the one decoding rule (folder: datasets and export/client.py) ---------------
+
+
+def png_bytes(samples, bit_depth, color_type, palette=None, trns=None):
+    """A PNG written by hand (any bit depth / colour type, filter 0): ``samples`` int ``[H, W, C]``
+    with C = 1 (grey, palette index), 2 (grey + alpha), 3 (RGB) or 4 (RGBA)."""
+    samples = np.asarray(samples)
+    if samples.ndim == 2:
+        samples = samples[..., None]
+    h, w, c = samples.shape
+    if bit_depth == 16:
+        rows = samples.astype(">u2").reshape(h, w * c).view(np.uint8)
+    elif bit_depth == 8:
+        rows = samples.astype(np.uint8).reshape(h, w * c)
+    else:  # 1, 2, 4 bits: grey or palette, several samples per byte, most significant first
+        per = 8 // bit_depth
+        values = np.pad(samples[..., 0].astype(np.int64), ((0, 0), (0, (-w) % per))).reshape(h, -1, per)
+        rows = (values << (8 - bit_depth * (np.arange(per) + 1))).sum(-1).astype(np.uint8)
+
+    def chunk(kind, payload):
+        return (struct.pack(">I", len(payload)) + kind + payload
+                + struct.pack(">I", zlib.crc32(kind + payload) & 0xFFFFFFFF))
+
+    out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, bit_depth, color_type, 0, 0, 0))
+    if palette is not None:
+        out += chunk(b"PLTE", np.asarray(palette, np.uint8).tobytes())
+    if trns is not None:
+        out += chunk(b"tRNS", trns)
+    raw = b"".join(b"\x00" + row.tobytes() for row in rows)
+    return out + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def pil_bytes(image, fmt, **options):
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def decode_cases():
+    """``{name: file bytes}``: PNG of every colour type and bit depth, GIF, BMP, WebP."""
+    rng = np.random.default_rng(0)
+    h, w = 5, 11  # odd width: partial bytes at 1/2/4 bits
+    u16 = lambda c: rng.integers(0, 65536, (h, w, c))  # noqa: E731
+    u8 = lambda c: rng.integers(0, 256, (h, w, c))  # noqa: E731
+    palette = rng.integers(0, 256, (16, 3))
+    rgb = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    cases = {f"png_grey_{b}bit": png_bytes(rng.integers(0, 2 ** b, (h, w, 1)), b, 0) for b in (1, 2, 4, 8, 16)}
+    cases.update({f"png_palette_{b}bit": png_bytes(rng.integers(0, 2 ** b, (h, w, 1)), b, 3, palette[:2 ** b])
+                  for b in (1, 2, 4, 8)})
+    cases.update({
+        "png_grey_alpha_8bit": png_bytes(u8(2), 8, 4),
+        "png_grey_alpha_16bit": png_bytes(u16(2), 16, 4),
+        "png_rgb_8bit": png_bytes(u8(3), 8, 2),
+        "png_rgb_16bit": png_bytes(u16(3), 16, 2),
+        "png_rgba_8bit": png_bytes(u8(4), 8, 6),
+        "png_rgba_16bit": png_bytes(u16(4), 16, 6),
+        "png_grey_trns": png_bytes(u8(1), 8, 0, trns=struct.pack(">H", 7)),
+        "png_grey16_trns": png_bytes(u16(1), 16, 0, trns=struct.pack(">H", 1000)),
+        "png_rgb_trns": png_bytes(u8(3), 8, 2, trns=struct.pack(">HHH", 1, 2, 3)),
+        "png_palette_trns": png_bytes(rng.integers(0, 16, (h, w, 1)), 8, 3, palette, trns=bytes([0, 128, 255])),
+        "gif": pil_bytes(Image.fromarray(rgb).quantize(30), "GIF"),
+        "gif_grey": pil_bytes(Image.fromarray(rgb[..., 0]), "GIF"),
+        "gif_transparent": pil_bytes(Image.fromarray(rgb).quantize(30), "GIF", transparency=2),
+        "gif_animated": pil_bytes(Image.fromarray(rgb).quantize(30), "GIF", save_all=True,
+                                  append_images=[Image.fromarray(rgb[::-1]).quantize(30)]),
+        "bmp_rgb": pil_bytes(Image.fromarray(rgb), "BMP"),
+        "bmp_rgba": pil_bytes(Image.fromarray(np.dstack([rgb, rgb[..., :1]])), "BMP"),
+        "bmp_grey": pil_bytes(Image.fromarray(rgb[..., 0]), "BMP"),
+        "bmp_palette": pil_bytes(Image.fromarray(rgb).quantize(16), "BMP"),
+        "webp_lossy": pil_bytes(Image.fromarray(rgb), "WEBP", quality=80),
+        "webp_lossless": pil_bytes(Image.fromarray(rgb), "WEBP", lossless=True),
+        "webp_alpha": pil_bytes(Image.fromarray(np.dstack([rgb, rgb[..., :1]])), "WEBP", lossless=True),
+    })
+    return cases
+
+
+DECODE_CASES = decode_cases()
+
+
+def test_decode_image_16bit_png_keeps_the_high_byte(tmp_path):
+    """16-bit samples become ``v >> 8`` (TensorFlow's rule, not a clip: 10000 -> 39, not 255), in
+    ``decode_image`` with either backend and in a ``folder:`` dataset."""
+    grey = np.array([[0, 255, 256, 10000], [32767, 32768, 65280, 65535]])
+    want = (grey >> 8).astype(np.uint8)[..., None]
+    assert want[0, 3, 0] == 39
+    rgb = np.stack([grey, grey[::-1], 65535 - grey], axis=-1)
+    for backend in ("tensorflow", "pil"):
+        np.testing.assert_array_equal(data.decode_image(png_bytes(grey, 16, 0), backend), want)
+        np.testing.assert_array_equal(data.decode_image(png_bytes(rgb, 16, 2), backend), rgb >> 8)
+    (tmp_path / "a.png").write_bytes(png_bytes(grey, 16, 0))
+    (tmp_path / "b.png").write_bytes(png_bytes(grey[::-1], 16, 0))
+    info = data.load_dataset(f"folder:{tmp_path}")
+    images = np.concatenate([data.as_numpy(info, s)[0] for s in ("train", "test")])
+    assert info.image_shape == (2, 4, 1)
+    assert any(np.array_equal(im, want) for im in images), images[..., 0]
+
+
+@pytest.mark.parametrize("name", sorted(DECODE_CASES))
+def test_decode_image_pil_backend_matches_tensorflow(name):
+    """The TensorFlow-free backend (what ``export/client.py`` uses without TensorFlow) decodes
+    every PNG, GIF, BMP and WebP variant to the same uint8 pixels as training's TensorFlow one."""
+    raw = DECODE_CASES[name]
+    want = data.decode_image(raw, "tensorflow")
+    got = data.decode_image(raw, "pil")
+    assert want.dtype == got.dtype == np.uint8 and want.shape[-1] in (1, 3)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_decode_image_jpeg_backends_differ_by_a_few_levels():
+    """TensorFlow decodes JPEG with libjpeg's fast integer IDCT, Pillow with the accurate one: same
+    shape and channels, pixels a few levels apart (documented in ``decode_image``)."""
+    rgb = np.random.default_rng(1).integers(0, 256, (16, 24, 3), dtype=np.uint8)
+    for image in (Image.fromarray(rgb), Image.fromarray(rgb[..., 0])):
+        raw = pil_bytes(image, "JPEG", quality=90)
+        want, got = data.decode_image(raw, "tensorflow"), data.decode_image(raw, "pil")
+        assert got.shape == want.shape == (16, 24, 3 if image.mode == "RGB" else 1)
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 8
+
+
+def test_decode_image_errors_are_the_same_with_both_backends():
+    good = DECODE_CASES["png_rgb_8bit"]
+    for raw, message in ((b"", "empty file"),
+                         (good[: len(good) // 2], "cannot decode image (truncated or not an image)"),
+                         (b"this is text, not an image", "cannot decode image (truncated or not an image)"),
+                         (pil_bytes(Image.new("RGB", (4, 4)), "TIFF"), "cannot decode image (truncated or not an image)")):
+        for backend in ("tensorflow", "pil"):
+            with pytest.raises(data.ImageDecodeError) as error:
+                data.decode_image(raw, backend)
+            assert one_line(error) == message, backend
+    with pytest.raises(ValueError, match="backend"):
+        data.decode_image(good, "opencv")
 
 
 # --- pipelines --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Export: SavedModel reloaded in a fresh process, saved_model_cli, the .keras backbone, strict
-inputs, the CLI (export, --check, bad run folders, JAX refusal) and the REST client against the
-local TF Serving stand-in.
+inputs, the CLI (export, --check, bad run folders, JAX refusal), the export folder (a non-empty
+``--out`` refused, ``--overwrite``, written aside and renamed: a killed export changes nothing), the
+REST client against the local TF Serving stand-in, and the client decoding image files as training.
 
 One tiny run folder (tiny encoder, 2-layer projector, BN with non-trivial moving statistics) is
 exported once per module (``version=1``, TF Serving's layout); subprocess tests reuse it.
@@ -336,6 +337,157 @@ def test_grpc_client_against_grpc_standin(exported):
         server.stop(0)
     for key in ("features", "embedding"):
         assert max_diff(got[key], exported.ref[key]) <= TOL, key
+
+
+# --- the export folder: refused when not empty, --overwrite, written aside and renamed ----------
+
+
+def _tree(root):
+    """``{relative path: bytes}`` of every file under ``root``."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out
+
+
+def test_cli_refuses_a_non_empty_out_and_overwrite_replaces_it(exported, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("not an export")
+    proc = _cli([f"--run_dir={exported.run_dir}", f"--out={out}"])
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --out={out}: ") and "--overwrite" in lines[0], proc.stderr
+    assert _tree(out) == {"notes.txt": b"not an export"}  # untouched
+    assert os.listdir(tmp_path) == ["out"]
+
+    proc = _cli([f"--run_dir={exported.run_dir}", f"--out={out}", "--overwrite"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "notes.txt" not in os.listdir(out)
+    assert {"saved_model.pb", "variables", "backbone.keras", "export.json"} <= set(os.listdir(out))
+    assert json.loads((out / "export.json").read_text())["saved_model_dir"] == "."
+    assert os.listdir(tmp_path) == ["out"]  # no temporary or set-aside folder left behind
+
+
+def test_killed_export_leaves_the_previous_export_intact(exported, tmp_path):
+    """SIGKILL while the export is being written: ``--out`` still holds the previous export, byte
+    for byte; the only trace is the killed export's ``.out.tmp-*`` sibling."""
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    shutil.copytree(exported.out_dir, out)  # the previous export (version 1 layout)
+    before = _tree(out)
+    job = Job(export_cli(f"--run_dir={exported.run_dir}", f"--out={out}", "--overwrite"))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and job.proc.poll() is None:
+        if any(name.startswith(".out.tmp-") for name in os.listdir(tmp_path)):
+            break
+        time.sleep(0.005)
+    assert job.proc.poll() is None, ("the export ended before it could be killed", job.result().stderr[-3000:])
+    job.proc.send_signal(signal.SIGKILL)
+    job.proc.communicate()
+    assert _tree(out) == before
+    left = sorted(set(os.listdir(tmp_path)) - {"out"})
+    assert len(left) == 1 and left[0].startswith(".out.tmp-"), left
+
+
+def test_export_run_versions_overwrite_and_a_failed_export(exported, tmp_path, monkeypatch):
+    # --version: a new version folder joins the others (TF Serving picks it up); an existing one
+    # needs overwrite and is then replaced entirely.
+    base = tmp_path / "serving"
+    export.export_run(exported.run_dir, str(base), version=1)
+    export.export_run(exported.run_dir, str(base), version=2)
+    assert sorted(os.listdir(base)) == ["1", "2", "backbone.keras", "export.json"]
+    assert export.find_saved_model(str(base)) == str(base / "2")
+    with pytest.raises(ValueError) as error:
+        export.export_run(exported.run_dir, str(base), version=2)
+    message = str(error.value)
+    assert message.startswith(f"--out={base}: ") and str(base / "2") in message and "--overwrite" in message
+    (base / "2" / "stale.txt").write_text("left over")
+    version_1 = _tree(base / "1")
+    export.export_run(exported.run_dir, str(base), version=2, overwrite=True)
+    assert "stale.txt" not in os.listdir(base / "2") and os.path.isfile(base / "2" / "saved_model.pb")
+    assert _tree(base / "1") == version_1
+    assert sorted(os.listdir(base)) == ["1", "2", "backbone.keras", "export.json"]
+
+    # An empty --out is fine without overwrite.
+    (tmp_path / "empty").mkdir()
+    export.export_run(exported.run_dir, str(tmp_path / "empty"))
+    assert os.path.isfile(tmp_path / "empty" / "saved_model.pb")
+
+    # A failure after the SavedModel is written leaves the previous export as it was, and no
+    # temporary folder.
+    plain = tmp_path / "plain"
+    export.export_run(exported.run_dir, str(plain))
+    before = _tree(plain)
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(export, "atomic_write_json", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        export.export_run(exported.run_dir, str(plain), overwrite=True)
+    monkeypatch.undo()
+    assert _tree(plain) == before
+    assert sorted(os.listdir(tmp_path)) == ["empty", "plain", "serving"]
+
+    # The run folder is never replaced, even with overwrite.
+    with pytest.raises(ValueError, match="holds the run folder"):
+        export.export_run(exported.run_dir, os.path.dirname(exported.run_dir), overwrite=True)
+    assert os.path.isfile(os.path.join(exported.run_dir, "encoder.keras"))
+
+
+# --- export/client.py decodes image files exactly as training does ------------------------------
+
+
+def test_client_decodes_image_files_as_training_does(tmp_path):
+    """16-bit PNGs (grey, grey + alpha, RGB) and 8-bit ones: ``load_images`` (either backend) gives
+    the uint8 pixels a ``folder:`` dataset trains on (PIL's ``convert("L")`` clipped 10000 to 255;
+    training has 10000 >> 8 = 39)."""
+    import tensorflow as tf
+
+    from uniclr_tf import data
+
+    client = _load_module("client")
+    rng = np.random.default_rng(3)
+    grey16 = rng.integers(0, 65536, (6, 7, 1)).astype(np.uint16)
+    grey16[0, 0, 0] = 10000
+    grey_alpha16 = rng.integers(0, 65536, (6, 7, 2)).astype(np.uint16)
+    rgb16 = rng.integers(0, 65536, (6, 7, 3)).astype(np.uint16)
+    rgb16[0, 0] = (10000, 20000, 65535)
+    grey8 = rng.integers(0, 256, (6, 7, 1)).astype(np.uint8)
+    rgb8 = rng.integers(0, 256, (6, 7, 3)).astype(np.uint8)
+    datasets = {1: (grey16, grey_alpha16, grey8),
+                3: (rgb16, rgb8, grey16)}  # a grey image in an RGB dataset: repeated over 3 channels
+
+    def write_png(path, array):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(tf.io.encode_png(array).numpy())
+        return str(path)
+
+    for channels, arrays in datasets.items():
+        root = tmp_path / f"c{channels}"
+        files = [write_png(root / "train" / f"{i}.png", a) for i, a in enumerate(arrays)]  # file order
+        write_png(root / "test" / "0.png", arrays[0])
+        info = data.load_dataset(f"folder:{root}")
+        assert info.image_shape == (6, 7, channels)
+        trained_on = data.as_numpy(info, "train")[0]
+        assert trained_on[0, 0, 0, 0] == 39
+        for backend in (None, "pil"):
+            sent = client.load_images(files, channels, backend=backend)
+            assert len(sent) == len(trained_on)
+            for path, got, want in zip(files, sent, trained_on):
+                assert got.dtype == np.uint8 and got.shape == want.shape, (path, backend, got.shape)
+                np.testing.assert_array_equal(got, want, err_msg=f"{path} (backend {backend})")
+    np.testing.assert_array_equal(client.load_images([str(tmp_path / "c3" / "train" / "0.png")], 3)[0][0, 0],
+                                  [39, 78, 255])
+    with pytest.raises(ValueError, match="cannot decode image"):
+        (tmp_path / "bad.png").write_text("not a PNG")
+        client.load_images([str(tmp_path / "bad.png")], 1)
 
 
 # Subprocess results (started by the `exported` fixture, overlapping the tests above).

@@ -26,8 +26,18 @@ compares with ``EvalPreprocess`` + ``encoder.keras`` + ``projector.keras`` of th
 non-zero when a difference exceeds ``--tolerance`` (1e-5; see :func:`check_export`).
 
 The run folder is read through :class:`uniclr_tf.runs.RunFolder`: a missing or corrupt file stops
-with one ``RunFolderError`` line naming it. ``backbone.keras`` and ``export.json`` are written
-atomically (a crash leaves the previous file or none, never a torn one).
+with one ``RunFolderError`` line naming it.
+
+``--out`` must be missing or empty: a non-empty folder is refused with one line naming it, unless
+``--overwrite``, which replaces it entirely (nothing of the old folder is left). The export is
+written into a temporary sibling folder (``.NAME.tmp-*``) and renamed to ``--out`` at the end, so a
+crash or kill mid-export never leaves a half-written export there: the previous export, if any,
+stays intact until the rename (a killed export leaves its ``.NAME.tmp-*`` folder behind, which can
+be deleted). With ``--version=N`` the unit is the version folder ``<out>/N``: it is written the same
+way (its temporary folder inside ``<out>`` is not a number, so TF Serving ignores it), the other
+version folders of ``<out>`` are kept (TF Serving picks up the new one), ``--overwrite`` is needed
+only to replace an existing ``<out>/N``, and ``backbone.keras`` and ``export.json`` (the latest
+export's) are then replaced atomically.
 
 Only NumPy (and the standard-library :mod:`uniclr_tf.runs`) is imported at module level:
 :func:`check_images` serves ``export/client.py`` without TensorFlow or Keras.
@@ -35,7 +45,9 @@ Only NumPy (and the standard-library :mod:`uniclr_tf.runs`) is imported at modul
 
 import json
 import os
+import shutil
 import sys
+import uuid
 
 import numpy as np
 
@@ -109,6 +121,51 @@ def find_saved_model(export_dir):
         raise FileNotFoundError(f"{export_dir!r} holds no SavedModel ({SAVED_MODEL_FILE} in it or in "
                                 f"a numbered version folder such as {os.path.join(export_dir, '1')})")
     return os.path.join(export_dir, str(max(versions)))
+
+
+def check_export_target(out_dir, version=None, overwrite=False, run_dir=None):
+    """The folder an export writes and replaces: ``out_dir``, or ``out_dir/<version>``.
+
+    Raises ``ValueError`` (one line starting with ``--out=`` and naming the folder) when that folder
+    exists and is not empty and ``overwrite`` is False, when it (or ``out_dir``) is not a folder, or
+    when it holds ``run_dir``. Changes nothing on disk.
+    """
+    if not out_dir:
+        raise ValueError("--out= names no folder; expected the export folder")
+    if version is not None and os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out={out_dir}: exists and is not a folder")
+    target = out_dir if version is None else os.path.join(out_dir, str(version))
+    if run_dir is not None:
+        real_target, real_run = os.path.realpath(target), os.path.realpath(run_dir)
+        if os.path.commonpath([real_target, real_run]) == real_target:
+            raise ValueError(f"--out={out_dir}: {target} holds the run folder {run_dir}; choose another --out")
+    if os.path.lexists(target):
+        if not os.path.isdir(target):
+            raise ValueError(f"--out={out_dir}: {target} exists and is not a folder; remove it or choose another --out")
+        if os.listdir(target) and not overwrite:
+            if version is None:
+                raise ValueError(f"--out={out_dir}: the export folder is not empty; pass --overwrite to replace "
+                                 f"it (everything in it is deleted) or choose another --out")
+            raise ValueError(f"--out={out_dir}: its version folder {target} is not empty; pass --overwrite to "
+                             f"replace that version (the other versions are kept) or choose another --version")
+    return target
+
+
+def _replace_dir(staging, dest):
+    """Renames the finished folder ``staging`` to ``dest`` (same parent). An existing ``dest`` is
+    first renamed aside and deleted after, so it stays whole until the export is in place."""
+    aside = None
+    if os.path.lexists(dest):
+        aside = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.old-{uuid.uuid4().hex[:12]}")
+        os.rename(dest, aside)
+    try:
+        os.rename(staging, dest)
+    except BaseException:
+        if aside is not None:
+            os.rename(aside, dest)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def require_tensorflow_backend():
@@ -212,35 +269,63 @@ def load_run(run_dir):
     return encoder, projector, folder.eval_preprocess(), info
 
 
-def export_run(run_dir, out_dir, version=None):
+def export_run(run_dir, out_dir, version=None, overwrite=False):
     """Exports the run folder ``run_dir`` to ``out_dir``; returns the ``export.json`` dict.
 
     Writes the SavedModel to ``out_dir`` (or ``out_dir/<version>`` when ``version`` is given, the
     layout TF Serving needs), ``out_dir/backbone.keras`` and ``out_dir/export.json``.
+    ``out_dir`` (``out_dir/<version>`` with ``version``) must be missing or empty unless
+    ``overwrite``, which replaces it entirely; it is written into a temporary sibling folder and
+    renamed into place at the end (see the module docstring).
     """
     folder = check_run_dir(run_dir)
     if version is not None and (not isinstance(version, int) or version < 1):
         raise ValueError(f"version must be a positive int (TF Serving's version folder); received {version!r}")
+    check_export_target(out_dir, version, overwrite, run_dir)  # before the slow work
     require_tensorflow_backend()
     import keras
     import tensorflow as tf
 
     config = folder.config if folder.has(CONFIG_FILE) else {}  # optional (metadata); checked before the slow work
     encoder, projector, preprocess, info = load_run(run_dir)
-    height, width, channels = info["image_shape"]
-    feat_dim, emb_dim = int(encoder.output_shape[-1]), int(projector.output_shape[-1])
+    channels = info["image_shape"][-1]
 
     saved_model_dir = out_dir if version is None else os.path.join(out_dir, str(version))
-    os.makedirs(out_dir, exist_ok=True)
-    archive = keras.export.ExportArchive()
-    archive.track(encoder)
-    archive.track(projector)
-    archive.add_endpoint(SIGNATURE, build_serving_fn(encoder, projector, preprocess),
-                         input_signature=[tf.TensorSpec([None, None, None, channels], tf.uint8, name=INPUT_NAME)])
-    archive.write_out(saved_model_dir, verbose=False)
-    atomic_save(os.path.join(out_dir, BACKBONE_FILE), lambda tmp: encoder.save(tmp))
+    meta = _export_meta(run_dir, out_dir, saved_model_dir, version, encoder, projector, preprocess,
+                        info, config, keras.__version__, tf.__version__)
+    # The folder this export replaces (resolved: a symlinked --out keeps its link) and its
+    # temporary sibling on the same file system.
+    dest = os.path.realpath(saved_model_dir)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    staging = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp-{uuid.uuid4().hex[:12]}")
+    os.mkdir(staging)  # the umask's permissions (tempfile.mkdtemp's 0700 would hide it from TF Serving)
+    try:
+        archive = keras.export.ExportArchive()
+        archive.track(encoder)
+        archive.track(projector)
+        archive.add_endpoint(SIGNATURE, build_serving_fn(encoder, projector, preprocess),
+                             input_signature=[tf.TensorSpec([None, None, None, channels], tf.uint8, name=INPUT_NAME)])
+        archive.write_out(staging, verbose=False)
+        if version is None:  # the whole export is this folder
+            encoder.save(os.path.join(staging, BACKBONE_FILE))
+            atomic_write_json(os.path.join(staging, EXPORT_JSON), meta)
+        check_export_target(out_dir, version, overwrite)  # still free (nothing appeared meanwhile)
+        _replace_dir(staging, dest)
+    finally:
+        if os.path.isdir(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+    if version is not None:  # the latest export's metadata beside the version folders
+        atomic_save(os.path.join(out_dir, BACKBONE_FILE), lambda tmp: encoder.save(tmp))
+        atomic_write_json(os.path.join(out_dir, EXPORT_JSON), meta)
+    return meta
 
-    meta = {
+
+def _export_meta(run_dir, out_dir, saved_model_dir, version, encoder, projector, preprocess, info, config,
+                 keras_version, tf_version):
+    """The ``export.json`` dict."""
+    height, width, channels = info["image_shape"]
+    feat_dim, emb_dim = int(encoder.output_shape[-1]), int(projector.output_shape[-1])
+    return {
         "format": "tf_saved_model",
         "saved_model_dir": os.path.relpath(saved_model_dir, out_dir),
         "version": version,
@@ -262,11 +347,9 @@ def export_run(run_dir, out_dir, version=None):
         "dataset": info.get("dataset"),
         "encoder": config.get("encoder"),
         "objective": config.get("objective", config.get("method")),
-        "keras_version": keras.__version__,
-        "tensorflow_version": tf.__version__,
+        "keras_version": keras_version,
+        "tensorflow_version": tf_version,
     }
-    atomic_write_json(os.path.join(out_dir, EXPORT_JSON), meta)
-    return meta
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,7 +427,10 @@ def define_flags(flag_values=None):
     fv = flag_values or flags.FLAGS
     flags.DEFINE_string("run_dir", None, "Run folder written by uniclr_tf.train (encoder.keras, "
                         "projector.keras, dataset.json).", flag_values=fv)
-    flags.DEFINE_string("out", None, "Export folder (SavedModel, backbone.keras, export.json).", flag_values=fv)
+    flags.DEFINE_string("out", None, "Export folder (SavedModel, backbone.keras, export.json); must be missing "
+                        "or empty unless --overwrite.", flag_values=fv)
+    flags.DEFINE_boolean("overwrite", False, "Replace a non-empty --out (with --version: a non-empty "
+                         "<out>/<version>) entirely; without it such a folder is refused.", flag_values=fv)
     flags.DEFINE_integer("version", 0, "Write the SavedModel into <out>/<version> (TF Serving's numbered "
                          "layout); 0 writes it into <out> itself.", lower_bound=0, flag_values=fv)
     flags.DEFINE_string("check", None, "Instead of exporting: reload the export folder in this process "
@@ -380,7 +466,7 @@ def main(argv):
             if not result["ok"]:
                 sys.exit(1)
         else:
-            meta = export_run(fv.run_dir, fv.out, version=fv.version or None)
+            meta = export_run(fv.run_dir, fv.out, version=fv.version or None, overwrite=fv.overwrite)
             where = os.path.join(fv.out, meta["saved_model_dir"]) if fv.version else fv.out
             c, (h, w) = meta["channels"], meta["image_size"]
             print(f"SavedModel: {where} ({SIGNATURE}: {INPUT_NAME} uint8 [batch, height, width, {c}] "
@@ -388,7 +474,7 @@ def main(argv):
                   f"[batch, {meta['embedding_dim']}])")
             print(f"backbone for fine-tuning: {os.path.join(fv.out, BACKBONE_FILE)}; "
                   f"metadata: {os.path.join(fv.out, EXPORT_JSON)}")
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError, RuntimeError) as e:
         sys.exit(f"error: {e}")
 
 
