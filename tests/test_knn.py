@@ -27,6 +27,9 @@ def test_knn_scores_match_brute_force_up_to_a_row_scale():
     np.testing.assert_allclose(got * np.exp(1 / 0.1), ref, rtol=1e-4)
     acc = knn.knn_accuracy(train, labels, test, labels[:50], 4, k=20, topk=(1, 4))
     assert acc["top4"] == 1.0 and acc["top1"] == np.mean(np.argmax(ref, 1) == labels[:50])
+    # The same on the Keras backend's device (similarities and top-k in keras.ops).
+    on_device = knn.knn_predict(train, labels, test, 4, k=20, temperature=0.1, chunk_size=16, device=True)
+    np.testing.assert_allclose(on_device * np.exp(1 / 0.1), ref, rtol=1e-4)
 
 
 def test_separable_clusters_are_classified_perfectly():

@@ -25,7 +25,7 @@ def test_cli_trains_every_trick_and_reports_knn(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "cli"
     for name in ("flags.txt", "config.json", "dataset.json", "metrics.json", "history.json", "curves.png",
-                 "encoder.keras", "model.weights.h5", "log.csv", "checkpoints/last.weights.h5"):
+                 "encoder.keras", "model.weights.h5", "log.csv", "backup/state.json"):
         assert (run / name).exists(), name
     assert any((run / "tb").rglob("*tfevents*"))
     metrics = json.loads((run / "metrics.json").read_text())
@@ -49,17 +49,23 @@ def test_cli_trains_every_trick_and_reports_knn(tmp_path):
     (["--projector_dims=64,abc"], "--projector_dims"),
     (["--objective=nope"], "method"),
     (["--dataset=nope"], "nope"),
+    (["--epochs=0"], "--epochs: expected an integer >= 1"),
+    (["--image_size=3"], "--image_size"),
+    (["--run_dir=/proc/uniclr-nope"], "--run_dir=/proc/uniclr-nope: cannot create"),
+    (["--method=simtrace", "--projector_dims=64,512", "--batch_size=16"], "--batch_size=16: simtrace whitens"),
     (["--method=byol", "--gamma=0.1"], "--symmetric_loss_weight (alias --gamma) does not apply to --method=byol"),
     (["--method=simclr", "--queue_size=64"], "--queue_size does not apply to --method=simclr"),
     (["--method=byol", "--ema_momentum=0"], "--ema_momentum: byol needs an EMA target"),
     (["--method=wmse", "--whitening_size=64", "--batch_size=96"], "--whitening_size=64 must divide"),
 ])
 def test_cli_rejects_bad_values_with_a_clear_message(flags, fragment, tmp_path):
-    proc = run_cli("--flagfile=configs/quickstart.flags", *flags, f"--run_dir={tmp_path}", timeout=120)
+    run_dir = [] if any(f.startswith("--run_dir") for f in flags) else [f"--run_dir={tmp_path}"]
+    proc = run_cli("--flagfile=configs/quickstart.flags", *run_dir, *flags, timeout=120)
     assert proc.returncode != 0
     tail = proc.stderr.strip().splitlines()[-2:]  # absl adds a "--helpshort" hint after its own errors
     assert any(fragment in line and ("error" in line.lower()) for line in tail), tail
     assert "Traceback" not in proc.stderr[-2000:]
+    assert not any(tmp_path.iterdir()), list(tmp_path.iterdir())  # a refused run leaves no run folder
 
 
 def test_every_config_field_has_a_flag_and_every_flagfile_parses():

@@ -1,4 +1,7 @@
-"""Training callbacks: the kNN monitor and the history / curves recorder."""
+"""Training callbacks: the kNN monitor, the history / log / curves recorder and a collapse warning.
+
+None of them implements ``on_train_batch_end``: Keras then dispatches the per-step hook off the
+training thread instead of converting every step's logs to Python numbers (a device sync)."""
 
 import math
 import os
@@ -24,16 +27,21 @@ class KNNMonitor(keras.callbacks.Callback):
         self.train, self.test, self.num_classes = train, test, num_classes
         self.every, self.k, self.temperature = every, k, temperature
         self.history = []
+        self.seconds = 0.0  # time spent evaluating (reported apart from training time)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.every <= 0 or (epoch + 1) % self.every:
             return
+        start = time.perf_counter()
         acc = knn_eval(self.encoder, self.preprocess, self.train, self.test, self.num_classes,
                        self.k, self.temperature)
+        seconds = time.perf_counter() - start
+        self.seconds += seconds
         self.history.append({"epoch": epoch + 1, **acc})
         if logs is not None:
             logs["knn_top1"], logs["knn_top5"] = acc["top1"], acc["top5"]
-        print(f"\nepoch {epoch + 1}: kNN top-1 {acc['top1']:.4f}  top-5 {acc['top5']:.4f}")
+            logs["knn_seconds"] = seconds
+        print(f"epoch {epoch + 1}: kNN top-1 {acc['top1']:.4f}  top-5 {acc['top5']:.4f}", flush=True)
 
 
 def _finite_or_none(value):
@@ -41,24 +49,49 @@ def _finite_or_none(value):
     return value if math.isfinite(value) else None
 
 
-class HistoryRecorder(keras.callbacks.Callback):
-    """Keeps every epoch's logs; writes ``history.json`` every epoch and ``curves.png`` at most every
-    ``plot_every_s`` seconds and at the end. Non-finite values are written as null (strict JSON).
+class CollapseWarning(keras.callbacks.Callback):
+    """Says so in the log when the embeddings collapse: ``embedding_std`` (std of the ℓ2-normalised
+    embedding, about 1/sqrt(D) when spread out) below ``fraction``/sqrt(D)."""
 
-    ``title`` heads the plot (e.g. the method and run name); ``reference`` is drawn as a dashed
-    line on the accuracy panel (e.g. ``{"raw-pixel kNN": 0.75}``).
+    def __init__(self, embedding_dim, fraction=0.1):
+        super().__init__()
+        self.healthy = 1.0 / math.sqrt(embedding_dim)
+        self.fraction = fraction
+
+    def on_epoch_end(self, epoch, logs=None):
+        std = (logs or {}).get("embedding_std")
+        if std is not None and math.isfinite(float(std)) and float(std) < self.fraction * self.healthy:
+            print(f"warning: epoch {epoch + 1}: the embeddings are collapsing (embedding_std {float(std):.2e}, "
+                  f"about {self.healthy:.2e} when spread out)", flush=True)
+
+
+class HistoryRecorder(keras.callbacks.Callback):
+    """Keeps every epoch's logs (and its wall-clock seconds); writes ``history.json`` and ``log.csv``
+    every epoch and ``curves.png`` at most every ``plot_every_s`` seconds and at the end.
+    Non-finite values are written as null (strict JSON) and as empty CSV cells.
+
+    ``epochs`` continues an earlier history (a resumed run). ``title`` heads the plot;
+    ``reference`` is drawn as a dashed line on the accuracy panel (e.g. ``{"raw-pixel kNN": 0.75}``).
     """
 
-    def __init__(self, run_dir, title="", plot_every_s=60.0, reference=None):
+    def __init__(self, run_dir, title="", plot_every_s=60.0, reference=None, epochs=()):
         super().__init__()
         self.run_dir, self.title = run_dir, title
         self.plot_every_s = plot_every_s
         self.reference = dict(reference or {})
-        self.epochs = []
+        self.epochs = list(epochs)
         self._last_plot = -math.inf
+        self._created = self._epoch_start = time.perf_counter()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.epochs.append({"epoch": epoch + 1, **{k: _finite_or_none(v) for k, v in (logs or {}).items()}})
+        entry = {"epoch": epoch + 1, **{k: _finite_or_none(v) for k, v in (logs or {}).items()}}
+        now = time.perf_counter()
+        entry["epoch_seconds"] = now - self._epoch_start
+        entry["wall_seconds"] = now - self._created  # since this invocation set up its callbacks
+        self.epochs.append(entry)
         self.write(plot=time.monotonic() - self._last_plot >= self.plot_every_s)
 
     def on_train_end(self, logs=None):
@@ -66,9 +99,19 @@ class HistoryRecorder(keras.callbacks.Callback):
 
     def write(self, plot=True):
         runs.atomic_write_json(os.path.join(self.run_dir, "history.json"), self.epochs, indent=1)
+        runs.atomic_write_text(os.path.join(self.run_dir, "log.csv"), history_csv(self.epochs))
         if plot:
             plot_curves(self.epochs, os.path.join(self.run_dir, "curves.png"), self.title, self.reference)
             self._last_plot = time.monotonic()
+
+
+def history_csv(epochs):
+    """``log.csv`` of a history: one row per epoch, one column per key seen (no all-empty columns)."""
+    keys = list(dict.fromkeys(k for e in epochs for k in e))
+    lines = [",".join(keys)]
+    for e in epochs:
+        lines.append(",".join("" if e.get(k) is None else repr(e[k]) for k in keys))
+    return "\n".join(lines) + "\n"
 
 
 # Panels by scale: the loss and its terms; each diagnostic on its own axis; accuracies in [0, 1].
@@ -88,7 +131,7 @@ def plot_curves(epochs, path, title="", reference=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [k for k in dict.fromkeys(k for e in epochs for k in e) if k != "epoch"]
+    keys = [k for k in dict.fromkeys(k for e in epochs for k in e) if k != "epoch" and not k.endswith("_seconds")]
     acc_keys = [k for k in keys if "top" in k or "accuracy" in k]
     diag_keys = [k for k in keys if k in _DIAGNOSTICS]
     loss_keys = [k for k in keys if k not in acc_keys and k not in diag_keys]

@@ -85,8 +85,16 @@ class TrainConfig:
     steps_per_execution: int = 1
     seed: int = 0
     run_dir: str = "runs"
-    run_name: str = ""  # empty: <method>-<dataset>-<timestamp>
+    run_name: str = ""  # empty: <method>-<dataset>
     export: bool = False
+    # this invocation only (not part of the run: a resumed run may change them)
+    overwrite: bool = False
+    stop_after_steps: int = 0  # 0: no limit
+    backup_every_minutes: float = 10.0
+    verbose: int = 0  # 0: a progress bar on a terminal, one line per epoch otherwise
+
+    # Fields that control one invocation, not the run: not in flags.txt, not compared on resume.
+    INVOCATION_FIELDS = ("run_dir", "export", "overwrite", "stop_after_steps", "backup_every_minutes", "verbose")
 
     VIEW_FIELDS = ("global_scale", "local_scale", "flip_prob", "color_jitter", "color_jitter_prob",
                    "grayscale_prob", "blur_prob", "solarize_prob")
@@ -107,7 +115,8 @@ class TrainConfig:
         check(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}")
         check(self.strategy in STRATEGIES, "strategy", f"one of {STRATEGIES}")
         check(self.augment_on in AUGMENT_ON, "augment_on", f"one of {AUGMENT_ON}")
-        check(self.image_size >= 0, "image_size", "an integer >= 0")
+        check(self.image_size == 0 or self.image_size >= 16, "image_size",
+              "0 (the dataset's size) or an integer >= 16 (the encoders downsample 8 times)")
         check(self.encoder_width >= 0, "encoder_width", "an integer >= 0")
         check(len(self.projector_dims) >= 1 and all(int(d) > 0 for d in self.projector_dims),
               "projector_dims", "a non-empty list of positive integers")
@@ -143,6 +152,9 @@ class TrainConfig:
         check(self.steps_per_execution >= 1, "steps_per_execution", "an integer >= 1")
         check(self.strategy != "tpu" or bool(self.tpu), "tpu", "a TPU name or address with --strategy=tpu")
         check(self.max_examples >= 0, "max_examples", "an integer >= 0")
+        check(self.stop_after_steps >= 0, "stop_after_steps", "an integer >= 0 (0: no limit)")
+        check(self.backup_every_minutes > 0, "backup_every_minutes", "a number of minutes > 0")
+        check(self.verbose in (0, 1, 2), "verbose", "0 (auto), 1 (progress bar) or 2 (one line per epoch)")
         # The method validates its options (naming the flag) and the batch / embedding sizes.
         self.build_method().check_setup(self.batch_size, int(self.projector_dims[-1]))
 
@@ -182,17 +194,25 @@ class TrainConfig:
         return cls(method_options={k: v for k, v in options.items() if v is not None}, **kwargs)
 
     # --- serialisation ---------------------------------------------------------------------------
-    def flag_items(self):
-        """``(flag, value)`` for every field that has a value, then every method option."""
+    def flag_items(self, invocation=False):
+        """``(flag, value)`` for every field that has a value (the invocation fields only when asked),
+        then every method option."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name != "method_options" and value is not None:
+            if f.name == "method_options" or value is None:
+                continue
+            if invocation or f.name not in self.INVOCATION_FIELDS:
                 yield f.name, value
         yield from self.method_options
 
+    def differences(self, other):
+        """``[(flag, value here, value there)]`` for the run's settings (invocation fields aside)."""
+        mine, theirs = dict(self.flag_items()), dict(other.flag_items())
+        return [(k, mine.get(k), theirs.get(k)) for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+
     def to_flagfile(self):
-        """The flags, one ``--name=value`` a line: replaying them repeats the run (write
-        ``resolved()``'s to pin the method's defaults)."""
+        """The run's flags, one ``--name=value`` a line: replaying them repeats (or resumes) the run
+        (write ``resolved()``'s to pin the method's defaults). Invocation fields are left out."""
         lines = []
         for name, value in self.flag_items():
             if isinstance(value, bool):

@@ -782,7 +782,7 @@ def _gather_fn(split, with_labels=True):
 
 def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Callable] = None,
                      shuffle: bool = True, seed: int = 0, split: str = "train", repeat: bool = False,
-                     with_labels: bool = False) -> tf.data.Dataset:
+                     with_labels: bool = False, skip_batches: int = 0) -> tf.data.Dataset:
     """Batches for self-supervised pretraining.
 
     Shuffles (deterministically given ``seed``), optionally repeats, batches with
@@ -800,6 +800,8 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
       repeat: repeat forever (batches then run across epoch boundaries).
       with_labels: yield ``(x, labels)`` (labels int64 ``[B]``, ``-1`` when unlabelled) for the
         online linear probe, instead of ``x`` alone.
+      skip_batches: start this many batches into the (deterministic) stream, e.g. at a resumed run's
+        step; skipped before any image is gathered or augmented, so skipping costs little.
 
     Returns:
       A ``tf.data.Dataset`` yielding ``x`` (tuple of views, or a uint8 batch) or ``(x, labels)``.
@@ -817,7 +819,7 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
             ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
         if repeat:
             ds = ds.repeat()
-        ds = ds.batch(batch_size, drop_remainder=True)
+        ds = ds.batch(batch_size, drop_remainder=True).skip(skip_batches)
         ds = ds.map(_gather_fn(data, with_labels), num_parallel_calls=AUTOTUNE)
     else:
         ds = data.dataset
@@ -825,7 +827,7 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
             ds = ds.shuffle(min(n, _TFDS_SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
         if repeat:
             ds = ds.repeat()
-        ds = ds.batch(batch_size, drop_remainder=True)
+        ds = ds.batch(batch_size, drop_remainder=True).skip(skip_batches)
         if not with_labels:
             ds = ds.map(lambda x, y: x, num_parallel_calls=AUTOTUNE)
     if augmenter is not None:
@@ -866,11 +868,12 @@ def eval_dataset(info: DatasetInfo, split: str, batch_size: int,
 
 
 def numpy_batches(info: DatasetInfo, batch_size: int, shuffle: bool = True, seed: int = 0,
-                  split: str = "train", with_labels: bool = False):
+                  split: str = "train", with_labels: bool = False, skip_batches: int = 0):
     """Endless uint8 batches of an in-memory split without tf.data (for augmentation on the device).
 
     Same contract as :func:`pretrain_dataset` with ``augmenter=None, repeat=True``: a new permutation
-    every epoch (deterministic given ``seed``), ``drop_remainder``, ``x`` or ``(x, labels)``.
+    every epoch (deterministic given ``seed``), ``drop_remainder``, ``x`` or ``(x, labels)``, the
+    first ``skip_batches`` batches skipped.
     """
     data = info.split(split)
     if not data.in_memory:
@@ -881,9 +884,13 @@ def numpy_batches(info: DatasetInfo, batch_size: int, shuffle: bool = True, seed
         raise DataError(f"{info.spec or info.name}: split {split!r} has {n} examples, fewer than "
                         f"batch_size={batch_size}")
     rng = np.random.default_rng(seed)
+    count = 0
     while True:
         order = rng.permutation(n) if shuffle else np.arange(n)
         for start in range(0, n - batch_size + 1, batch_size):
+            count += 1
+            if count <= skip_batches:  # a resumed run: the same stream, from its step on
+                continue
             idx = order[start:start + batch_size]
             x = data.images[idx]
             yield (x, data.labels[idx]) if with_labels else x

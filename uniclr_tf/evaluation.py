@@ -64,13 +64,18 @@ def extract_features(encoder, preprocess, source, batch_size=512):
         raise ValueError(f"batch_size must be >= 1; received {batch_size}")
     features, labels = [], []
     has_labels = None
+    full = None  # the first batch's size: a smaller last batch is padded to it (one compiled shape)
     for x, y in _batches(source, int(batch_size)):
-        if len(x) == 0:
+        n = len(x)
+        if n == 0:
             continue
+        full = full or n
+        if n < full:
+            x = np.concatenate([x, np.repeat(np.asarray(x[-1:]), full - n, axis=0)])
         if preprocess is not None:
             x = preprocess(x)
-        out = np.asarray(encoder.predict_on_batch(x), dtype=np.float32)
-        features.append(out.reshape(len(out), -1))
+        out = np.asarray(encoder.predict_on_batch(x), dtype=np.float32)[:n]
+        features.append(out.reshape(n, -1))
         if has_labels is None:
             has_labels = y is not None
         elif has_labels != (y is not None):
@@ -87,13 +92,14 @@ def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0
 
     ``train`` (the memory bank) and ``test`` are ``(images, labels)`` arrays or batched
     ``(images, labels)`` iterables (see :func:`extract_features`). Returns ``{"top1", "top5"}``,
-    fractions in [0, 1].
+    fractions in [0, 1]. The similarities and top-k run on the backend's device (``keras.ops``).
     """
     train_f, train_y = extract_features(encoder, preprocess, train, batch_size)
     test_f, test_y = extract_features(encoder, preprocess, test, batch_size)
     if train_y is None or test_y is None:
         raise ValueError("kNN evaluation needs labels for the train (memory bank) and test data")
-    return knn.knn_accuracy(train_f, train_y, test_f, test_y, num_classes, k, temperature, topk=(1, 5))
+    return knn.knn_accuracy(train_f, train_y, test_f, test_y, num_classes, k, temperature, topk=(1, 5),
+                            device=True)
 
 
 def raw_pixel_knn(train, test, num_classes, k=200, temperature=0.1):

@@ -2,8 +2,9 @@
 
 Features are ℓ2-normalised; each test sample votes with its ``k`` most similar training samples,
 weighted by ``exp(similarity / T)``. The defaults k=200, T=0.1 are the common choice for a kNN
-monitor of self-supervised features (Wu et al. 2018 and most re-implementations). NumPy only,
-chunked over the test set so 60k×10k similarities never sit in memory at once.
+monitor of self-supervised features (Wu et al. 2018 and most re-implementations). NumPy, or
+``keras.ops`` on the accelerator for the similarities and top-k (``device=True``), chunked over the
+test set so 60k×10k similarities never sit in memory at once.
 """
 
 import numpy as np
@@ -14,9 +15,36 @@ def l2_normalize(x, eps=1e-12):
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), eps)
 
 
+def _top_k_numpy(train):
+    def top_k(test_chunk, k, chunk_size):
+        sim = test_chunk @ train.T
+        idx = np.argpartition(-sim, k - 1, axis=1)[:, :k]
+        return np.take_along_axis(sim, idx, axis=1), idx
+    return top_k
+
+
+def _top_k_keras(train):
+    """Similarities and their top-k on the Keras backend's device (GPU/TPU): only ``[chunk, k]``
+    values and indices come back to the host, not the ``[chunk, N_train]`` similarities."""
+    from keras import ops
+    bank = ops.convert_to_tensor(train)
+
+    def top_k(test_chunk, k, chunk_size):
+        n = len(test_chunk)
+        if n < chunk_size:  # pad the last chunk: one shape, one compiled program
+            test_chunk = np.concatenate([test_chunk, np.zeros((chunk_size - n, test_chunk.shape[1]), test_chunk.dtype)])
+        values, idx = ops.top_k(ops.matmul(ops.convert_to_tensor(test_chunk), ops.transpose(bank)), k)
+        return ops.convert_to_numpy(values)[:n], ops.convert_to_numpy(idx)[:n]
+    return top_k
+
+
 def knn_predict(train_features, train_labels, test_features, num_classes, k=200, temperature=0.1,
-                chunk_size=1024):
-    """Returns class scores ``[N_test, num_classes]`` of the weighted kNN classifier."""
+                chunk_size=1024, device=False):
+    """Returns class scores ``[N_test, num_classes]`` of the weighted kNN classifier.
+
+    ``device=True`` computes the similarities and their top-k with ``keras.ops`` on the active
+    backend's device (the kNN monitor on a GPU); the votes are the same (ties aside).
+    """
     train = l2_normalize(train_features)
     test = l2_normalize(test_features)
     train_labels = np.asarray(train_labels).astype(np.int64).reshape(-1)
@@ -32,10 +60,9 @@ def knn_predict(train_features, train_labels, test_features, num_classes, k=200,
         raise ValueError(f"train_labels must lie in [0, {num_classes}); found {train_labels.max()}")
     k = min(int(k), len(train))
     scores = np.zeros((len(test), num_classes), np.float32)
+    top_k = (_top_k_keras if device else _top_k_numpy)(train)
     for start in range(0, len(test), chunk_size):
-        sim = test[start:start + chunk_size] @ train.T
-        idx = np.argpartition(-sim, k - 1, axis=1)[:, :k]
-        top_sim = np.take_along_axis(sim, idx, axis=1)
+        top_sim, idx = top_k(test[start:start + chunk_size], k, chunk_size)
         weights = np.exp((top_sim - 1.0) / temperature)  # shifted by the max cosine for stability
         votes = train_labels[idx]
         block = scores[start:start + chunk_size]
@@ -75,7 +102,7 @@ def topk_accuracy(scores, labels, ks=(1, 5)) -> dict:
 
 
 def knn_accuracy(train_features, train_labels, test_features, test_labels, num_classes, k=200,
-                 temperature=0.1, topk=(1,)):
+                 temperature=0.1, topk=(1,), device=False):
     """Top-k accuracies (fractions in [0, 1]) of the weighted kNN classifier, as a dict."""
-    scores = knn_predict(train_features, train_labels, test_features, num_classes, k, temperature)
+    scores = knn_predict(train_features, train_labels, test_features, num_classes, k, temperature, device=device)
     return topk_accuracy(scores, test_labels, topk)

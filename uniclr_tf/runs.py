@@ -40,8 +40,12 @@ PROJECTOR_FILE = "projector.keras"
 PRODUCERS = {
     CONFIG_FILE: "uniclr_tf.train writes it when the run starts",
     DATASET_FILE: "uniclr_tf.train writes it when the run starts, once the data is loaded",
-    ENCODER_FILE: "uniclr_tf.train saves it when training finishes; a run stopped earlier has none",
-    PROJECTOR_FILE: "uniclr_tf.train saves it when training finishes; a run stopped earlier has none",
+    ENCODER_FILE: ("uniclr_tf.train saves it when training finishes or stops on a signal / --stop_after_steps; "
+                   "a killed run has none, but its last backup is in backup/: rerun its training command to "
+                   "resume and finish it"),
+    PROJECTOR_FILE: ("uniclr_tf.train saves it when training finishes or stops on a signal / --stop_after_steps; "
+                     "a killed run has none, but its last backup is in backup/: rerun its training command to "
+                     "resume and finish it"),
 }
 
 
@@ -263,7 +267,8 @@ def atomic_save(path, save_fn):
     ``lambda tmp: model.save(tmp)``), which lies in the same folder and ends with the same suffix
     (``.keras``, ``.weights.h5``, ...). The temporary file is flushed to disk and renamed over
     ``path`` with ``os.replace``; if ``save_fn`` raises, it is removed and ``path`` is untouched.
-    Creates the folder if needed. Returns ``path``.
+    Creates the folder if needed. Returns ``path``. An ``OSError`` (e.g. a full disk) is raised
+    again with ``path`` as its file name.
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -275,11 +280,13 @@ def atomic_save(path, save_fn):
             raise RuntimeError(f"atomic_save: the save function did not write a file to {tmp}")
         _fsync_path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.remove(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.errno is not None:  # name the file the caller asked for
+            raise OSError(e.errno, e.strerror, path) from e
         raise
     _fsync_path(folder, directory=True)
     return path

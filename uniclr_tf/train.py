@@ -3,16 +3,25 @@ r"""Pretrain an encoder with UniCLR or any registered method.
     python -m uniclr_tf.train --flagfile=configs/simtrace.flags [--flag=value ...]
     python -m uniclr_tf.train --flagfile=configs/quickstart.flags --method=byol
 
-A run folder ``<run_dir>/<run_name>`` receives the resolved flagfile (``flags.txt``, replayable
-with ``--flagfile``), ``config.json``, ``dataset.json``, TensorBoard logs (``tb/``), per-epoch
-checkpoints, ``history.json`` + ``curves.png``, the backbone as ``encoder.keras``, the whole model's
-weights, and ``metrics.json`` with the final kNN top-1 next to the raw-pixel kNN baseline.
+A run folder ``<run_dir>/<run_name>`` (default ``<method>-<dataset>``) receives the resolved
+flagfile (``flags.txt``, replayable with ``--flagfile``), ``config.json``, ``dataset.json``,
+TensorBoard logs (``tb/``), a backup (``backup/``: every epoch, every ``--backup_every_minutes``, on
+SIGTERM / SIGINT), ``history.json`` + ``log.csv`` + ``curves.png`` every epoch, the backbone as
+``encoder.keras``, the whole model's weights, and ``metrics.json`` with the final kNN top-1 next to
+the raw-pixel kNN baseline (or, for a run that stopped, why and where).
+
+Rerunning the same command resumes the run from its backup; a finished run says so and exits 0; a
+folder holding a run with other flags is refused (``--overwrite`` starts over). Exit codes: 0
+finished, 1 error or divergence, 75 stopped by ``--stop_after_steps``, 128 + N stopped by signal N.
 """
 
 import dataclasses
+import errno
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 from absl import app, flags
@@ -68,6 +77,11 @@ HELP = {
     "run_dir": "Parent folder of run folders.",
     "run_name": "Run folder name (empty: <method>-<dataset>-<timestamp>).",
     "export": "Export a SavedModel of the encoder into <run>/export at the end (TF backend).",
+    "overwrite": "Start the run again in a run folder that holds one (its files are removed first).",
+    "stop_after_steps": "Stop after this many steps of this invocation with a backup, as a preempted job would "
+                        "(exit code 75); rerunning the same command continues. 0: no limit.",
+    "backup_every_minutes": "Back up (in the background) at least this often, besides every epoch end.",
+    "verbose": "0: a progress bar on a terminal, one line per epoch otherwise; 1: progress bar; 2: one line per epoch.",
 }
 ENUMS = {"encoder": ENCODERS, "optimizer": OPTIMIZERS, "precision": PRECISIONS,
          "strategy": STRATEGIES, "augment_on": AUGMENT_ON}
@@ -139,19 +153,73 @@ def build_optimizer(cfg, steps_per_epoch):
                           exclude_from_adaptation=probe, exclude_from_weight_decay=probe)
 
 
-def make_run_dir(cfg):
-    name = cfg.run_name or f"{cfg.method}-{cfg.dataset.replace(':', '_').replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = os.path.join(cfg.run_dir, name)
-    os.makedirs(os.path.join(path, "checkpoints"), exist_ok=True)
-    return path
+def run_path(cfg):
+    """The run folder: ``<run_dir>/<run_name>``, by default ``<method>-<dataset>`` (so rerunning the
+    same command finds the same folder and resumes it)."""
+    name = cfg.run_name or f"{cfg.method}-{cfg.dataset.replace(':', '_').replace('/', '_')}"
+    return os.path.join(cfg.run_dir, name)
+
+
+def check_writable(folder):
+    """Raises ValueError naming --run_dir when ``folder`` cannot be created or written."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f"--run_dir={folder}: cannot create or write there ({e.strerror or e})") from None
+
+
+def prepare_run_folder(cfg, run_dir):
+    """Decides what to do with ``run_dir``: returns ``("new", None)``, ``("resume", state or None)`` or
+    ``("finished", metrics)``; raises ValueError when it holds a run with other flags (unless
+    ``--overwrite``, which removes it first)."""
+    from uniclr_tf import backup
+    if not os.path.isdir(run_dir) or not os.listdir(run_dir):
+        return "new", None
+    if cfg.overwrite:
+        shutil.rmtree(run_dir)
+        return "new", None
+    config_path = os.path.join(run_dir, "config.json")
+    try:
+        with open(config_path) as f:
+            old = TrainConfig.from_json(f.read())
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"--run_name: {run_dir} exists but holds no readable run (config.json: {e}); pass "
+                         "--overwrite to replace it, or another --run_name") from None
+    diffs = cfg.differences(old)
+    if diffs:
+        listed = "; ".join(f"--{k}: {b!r} in the folder, {a!r} now" for k, a, b in diffs[:8])
+        more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
+        raise ValueError(f"--run_name: {run_dir} holds a run with other flags: {listed}{more}. Pass --overwrite to "
+                         "start it again, or another --run_name")
+    metrics_path = os.path.join(run_dir, "metrics.json")
+    if os.path.exists(metrics_path):
+        with open(metrics_path) as f:
+            metrics = json.load(f)
+        if metrics.get("status", "finished") == "finished":
+            return "finished", metrics
+    return "resume", backup.latest(run_dir)
+
+
+def _read_history(run_dir, completed_epochs):
+    path = os.path.join(run_dir, "history.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [e for e in json.load(f) if e["epoch"] <= completed_epochs]
 
 
 def run(cfg):
-    """Runs one pretraining job described by ``cfg``; returns the final metrics dict."""
+    """Runs (or resumes) one pretraining job described by ``cfg``; returns ``(run folder, metrics)``.
+
+    Raises :class:`uniclr_tf.backup.TrainingStopped` when it stopped early with a backup (a signal,
+    ``--stop_after_steps``) and :class:`uniclr_tf.backup.TrainingDiverged` on a non-finite loss or weight.
+    """
     import keras
-    from uniclr_tf import data, distribute, runs
+    from uniclr_tf import backup, data, distribute, runs
     from uniclr_tf.augment import EvalPreprocess
-    from uniclr_tf.callbacks import HistoryRecorder, KNNMonitor
+    from uniclr_tf.callbacks import CollapseWarning, HistoryRecorder, KNNMonitor
     from uniclr_tf.evaluation import knn_eval, raw_pixel_knn
 
     if cfg.export and keras.backend.backend() != "tensorflow":
@@ -160,12 +228,26 @@ def run(cfg):
     keras.utils.set_random_seed(cfg.seed)
     cfg = cfg.resolved()  # the method's defaults written out: flags.txt replays the same run
     method = cfg.build_method()
+    check_writable(cfg.run_dir)
 
     info = data.load_dataset(cfg.dataset, image_size=cfg.image_size or None, data_dir=cfg.data_dir or None,
                              skip_bad_files=cfg.skip_bad_files, max_examples=cfg.max_examples or None)
     size = cfg.image_size or info.image_shape[0]
+    num_train = min(info.num_train, cfg.max_examples or info.num_train)
+    steps_per_epoch = cfg.steps_per_epoch or max(num_train // cfg.batch_size, 1)
+    cfg = dataclasses.replace(cfg, steps_per_epoch=steps_per_epoch)
     augmenter = build_augmenter(cfg, info, method)
-    run_dir = make_run_dir(cfg)
+
+    run_dir = run_path(cfg)
+    status, found = prepare_run_folder(cfg, run_dir)
+    if status == "finished":
+        print(f"run folder {run_dir}: this run already finished ({found.get('epochs')} epochs); its results are in "
+              f"{os.path.join(run_dir, 'metrics.json')}. Pass --overwrite to train it again.")
+        return run_dir, found
+    state = found if status == "resume" else None
+    initial_step = state["step"] if state else 0
+    completed_epochs = state["epoch"] if state else 0
+    os.makedirs(run_dir, exist_ok=True)
     runs.atomic_write_text(os.path.join(run_dir, "flags.txt"), cfg.to_flagfile())
     runs.atomic_write_json(os.path.join(run_dir, "config.json"),
                            {**cfg.to_dict(), "views": json.loads(json.dumps(augmenter.get_config(), default=str))})
@@ -173,9 +255,6 @@ def run(cfg):
                            {"dataset": cfg.dataset, "image_shape": [size, size, info.image_shape[-1]],
                             "num_classes": info.num_classes, "mean": list(map(float, info.mean)),
                             "std": list(map(float, info.std)), "num_train": info.num_train})
-    num_train = min(info.num_train, cfg.max_examples or info.num_train)
-    steps_per_epoch = cfg.steps_per_epoch or max(num_train // cfg.batch_size, 1)
-    cfg = dataclasses.replace(cfg, steps_per_epoch=steps_per_epoch)
 
     if cfg.precision != "float32":
         keras.mixed_precision.set_global_policy(f"mixed_{cfg.precision}")
@@ -186,14 +265,19 @@ def run(cfg):
     if replicas > 1 and not cfg.gather_across_replicas:  # each replica's loss sees its own rows only
         method.check_setup(cfg.batch_size // replicas, int(cfg.projector_dims[-1]))
     labelled = bool(info.num_classes) and cfg.online_probe
-    if data.have_tensorflow():
-        train_ds = data.pretrain_dataset(info, cfg.batch_size, augmenter if cfg.augment_on == "host" else None,
-                                         shuffle=True, seed=cfg.seed, repeat=True, with_labels=labelled)
-    elif cfg.augment_on == "device":  # e.g. the JAX-only GPU machine: in-memory uint8 batches
-        train_ds = data.numpy_batches(info, cfg.batch_size, shuffle=True, seed=cfg.seed, with_labels=labelled)
-    else:
+
+    def train_data(skip):
+        """The training stream from step ``skip`` on (deterministic given the seed)."""
+        if data.have_tensorflow():
+            return data.pretrain_dataset(info, cfg.batch_size, augmenter if cfg.augment_on == "host" else None,
+                                         shuffle=True, seed=cfg.seed, repeat=True, with_labels=labelled,
+                                         skip_batches=skip)
+        if cfg.augment_on == "device":  # e.g. the JAX-only GPU machine: in-memory uint8 batches
+            return data.numpy_batches(info, cfg.batch_size, shuffle=True, seed=cfg.seed, with_labels=labelled,
+                                      skip_batches=skip)
         raise ValueError("--augment_on=host uses tf.data, and TensorFlow is not installed here; "
                          "use --augment_on=device")
+
     with distribute.scope(strategy):
         model = build_model(cfg, info, augmenter if cfg.augment_on == "device" else None,
                             synchronized_bn=replicas > 1)
@@ -202,35 +286,86 @@ def run(cfg):
         jit = True if cfg.jit_compile else ("auto" if keras.backend.backend() == "jax" else False)
         model.compile(optimizer=build_optimizer(cfg, steps_per_epoch), jit_compile=jit,
                       steps_per_execution=cfg.steps_per_execution)
+        if state:
+            backup.restore(model, run_dir, state)
 
+    progress = backup.Progress(steps_per_epoch, initial_step)
     preprocess = EvalPreprocess(size, info.mean, info.std)
     callbacks = []
-    knn_train = knn_test = raw = None
+    knn_train = knn_test = raw = knn = None
     if info.num_classes:
         knn_train = data.as_numpy(info, "train", max_examples=cfg.knn_max_train or None)
         knn_test = data.as_numpy(info, "test")
         raw = raw_pixel_knn(knn_train, knn_test, info.num_classes, cfg.knn_k, cfg.knn_temperature)
-        callbacks.append(KNNMonitor(model.encoder, preprocess, knn_train, knn_test, info.num_classes,
-                                    every=cfg.knn_every, k=cfg.knn_k, temperature=cfg.knn_temperature))
+        knn = KNNMonitor(model.encoder, preprocess, knn_train, knn_test, info.num_classes, every=cfg.knn_every,
+                         k=cfg.knn_k, temperature=cfg.knn_temperature)
+        callbacks.append(knn)
     history = HistoryRecorder(run_dir, title=f"{cfg.method} · {os.path.basename(run_dir)} · {cfg.dataset}",
-                              reference={"raw-pixel kNN top-1": raw["top1"]} if raw else None)
-    callbacks += [history,
-                  keras.callbacks.CSVLogger(os.path.join(run_dir, "log.csv")),
-                  # One rolling checkpoint (a ResNet-18 run would otherwise keep ~100 MB per epoch).
-                  keras.callbacks.ModelCheckpoint(os.path.join(run_dir, "checkpoints", "last.weights.h5"),
-                                                  save_weights_only=True)]
-    if data.have_tensorflow():  # Keras's TensorBoard callback writes through tf.summary
-        callbacks.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tb"), update_freq="epoch"))
-    print(f"run folder: {run_dir}\nmethod: {method!r}, logging {', '.join(method.terms)}\n"
-          f"{cfg.dataset}: {num_train} training images {tuple(info.image_shape)}, "
-          f"{steps_per_epoch} steps/epoch of batch {cfg.batch_size}, backend {keras.backend.backend()}")
-    model.fit(train_ds, epochs=cfg.epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=1)
+                              reference={"raw-pixel kNN top-1": raw["top1"]} if raw else None,
+                              epochs=_read_history(run_dir, completed_epochs))
+    writer = backup.Writer(run_dir)
+    with backup.Interrupts() as interrupts:
+        saver = backup.BackupCallback(writer, progress, every_s=60.0 * cfg.backup_every_minutes,
+                                      stop_after_steps=cfg.stop_after_steps, interrupts=interrupts,
+                                      method=cfg.method)
+        callbacks += [history, CollapseWarning(int(cfg.projector_dims[-1]))]
+        if data.have_tensorflow():  # Keras's TensorBoard callback writes through tf.summary
+            callbacks.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tb"), update_freq="epoch"))
+        callbacks.append(saver)  # last: it backs up what the others have written for the epoch
+        verbose = cfg.verbose or (1 if sys.stdout.isatty() else 2)
+        print(f"run folder: {run_dir}" + (f" (resuming at epoch {completed_epochs + 1}, step {initial_step})"
+                                          if state else "")
+              + f"\nmethod: {method!r}, logging {', '.join(method.terms)}\n"
+              f"{cfg.dataset}: {num_train} training images {tuple(info.image_shape)}, "
+              f"{steps_per_epoch} steps/epoch of batch {cfg.batch_size}, backend {keras.backend.backend()}",
+              flush=True)
+        start = time.perf_counter()
+        stopped = None
+        try:
+            epoch = initial_step // steps_per_epoch
+            if initial_step % steps_per_epoch:  # resumed mid-epoch: finish that epoch first
+                model.fit(train_data(initial_step), initial_epoch=epoch, epochs=epoch + 1,
+                          steps_per_epoch=steps_per_epoch - initial_step % steps_per_epoch,
+                          callbacks=callbacks, verbose=verbose)
+                epoch += 1
+            if epoch < cfg.epochs:
+                model.fit(train_data(epoch * steps_per_epoch), initial_epoch=epoch, epochs=cfg.epochs,
+                          steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose)
+        except backup.StopTraining as e:  # between two steps, after a backup
+            stopped = e.reason
+            history.write()
+        except backup.TrainingDiverged as e:
+            _record_failure(run_dir, cfg, "diverged", str(e), progress)
+            raise
+        except Exception as e:
+            if "Cholesky" in str(e) or "NaN" in str(e):  # TF raises inside the step on a NaN covariance
+                message = backup.divergence_message(progress.epoch + 1, progress.step, ["covariance (Cholesky)"],
+                                                    method=cfg.method)
+                _record_failure(run_dir, cfg, "diverged", message, progress)
+                raise backup.TrainingDiverged(message) from None
+            raise
+        finally:
+            writer.wait()
+        train_seconds = time.perf_counter() - start
+
+    if stopped is not None:
+        # The folder stays usable: export and linear_eval read the encoder of the backed-up weights.
+        runs.atomic_save(os.path.join(run_dir, "encoder.keras"), model.encoder.save)
+        runs.atomic_save(os.path.join(run_dir, "projector.keras"), model.projector.save)
+        last = writer.last
+        _record_failure(run_dir, cfg, "interrupted", stopped, progress)
+        code = backup.EXIT_PAUSED if stopped == "stop_after_steps" else 128 + int(interrupts.signal or 15)
+        raise backup.TrainingStopped(
+            f"stopped at epoch {last['epoch'] + 1}, step {last['step']} ({stopped}); backup saved in "
+            f"{os.path.join(run_dir, backup.BACKUP_DIR)}. Rerun the same command to resume.", code)
 
     runs.atomic_save(os.path.join(run_dir, "encoder.keras"), model.encoder.save)
     runs.atomic_save(os.path.join(run_dir, "projector.keras"), model.projector.save)
     runs.atomic_save(os.path.join(run_dir, "model.weights.h5"), model.save_weights)
-    metrics = {"method": cfg.method, "epochs": cfg.epochs, "steps": cfg.epochs * steps_per_epoch,
-               "final_loss": history.epochs[-1]["loss"] if history.epochs else None}
+    metrics = {"status": "finished", "method": cfg.method, "epochs": cfg.epochs,
+               "steps": cfg.epochs * steps_per_epoch,
+               "final_loss": history.epochs[-1].get("loss") if history.epochs else None,
+               "seconds": {"this_invocation": train_seconds, "knn_monitor": knn.seconds if knn else 0.0}}
     if info.num_classes:
         ssl = knn_eval(model.encoder, preprocess, knn_train, knn_test, info.num_classes, cfg.knn_k, cfg.knn_temperature)
         metrics.update(knn_top1=ssl["top1"], knn_top5=ssl["top5"], raw_pixel_knn_top1=raw["top1"],
@@ -240,19 +375,40 @@ def run(cfg):
     runs.atomic_write_json(os.path.join(run_dir, "metrics.json"), metrics)
     if cfg.export:
         from uniclr_tf.export import export_run
-        export_run(run_dir, os.path.join(run_dir, "export"))
+        export_run(run_dir, os.path.join(run_dir, "export"), overwrite=True)
     return run_dir, metrics
+
+
+def _record_failure(run_dir, cfg, status, reason, progress):
+    """``metrics.json`` of a run that did not finish: always valid JSON, saying why and where."""
+    from uniclr_tf import runs
+    runs.atomic_write_json(os.path.join(run_dir, "metrics.json"),
+                           {"status": status, "reason": reason, "method": cfg.method, "epochs": cfg.epochs,
+                            "epoch": progress.epoch + 1, "step": progress.step})
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    from uniclr_tf import backup
     from uniclr_tf.data import DataError
+    from uniclr_tf.runs import RunFolderError
     try:
         cfg = config_from_flags()
         run(cfg)
-    except DataError as e:  # bad data: one line naming the culprit, no traceback
+    except backup.TrainingStopped as e:  # a backup is on disk; rerunning resumes
+        print(str(e), flush=True)
+        sys.exit(e.exit_code)
+    except (DataError, RunFolderError, backup.TrainingDiverged) as e:  # one line naming the culprit
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once
+        sys.exit("\ninterrupted; the last backup (if any) is in the run folder's backup/; rerun the same command "
+                 "to resume")
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES) or "space" in str(e):
+            sys.exit(f"error: could not write {e.filename or 'a file'} ({e.strerror}); files written before are "
+                     "intact, including the last backup: make room and rerun the same command to resume")
+        raise
     except ValueError as e:
         if "cfg" in locals() and not str(e).startswith("--"):
             raise  # a bug, not a bad flag: keep the traceback

@@ -1,0 +1,143 @@
+"""The train CLI against the bench, side by side in one job: what users get vs what the step can do.
+
+    python -m benchmarks.cli_vs_bench --flagfile=configs/simaffinity.flags --epochs=100 --knn_every=10 \
+        --out=benchmarks/cli-vs-bench.json [-- extra train flags]
+
+1. ``python -m benchmarks.bench --sections=a`` with the flagfile's model (encoder, projector, batch,
+   precision, method): the model-only images/s of the hand-threaded compiled step on resident data.
+2. ``python -m uniclr_tf.train`` with the same flagfile, ``--augment_on=device``, the given epochs
+   and kNN cadence, in a fresh run folder: the real CLI (data feeding, callbacks, backups, plots,
+   kNN monitor). From its ``history.json``:
+
+   * training images/s = (epochs − 1) · steps · batch / (wall-clock from the end of epoch 1 to the
+     end of training − the kNN monitor's seconds in that span): the issue's "training wall-clock";
+   * the share of the CLI's wall-clock (fit start to end) outside training steps, counting the
+     training steps at the bench's model-only rate.
+
+Prints a table and writes the JSON. Any flags after ``--`` go to the train command.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def parse_flagfile(path):
+    flags = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("--flagfile="):
+                flags.update(parse_flagfile(line.split("=", 1)[1]))
+            elif line.startswith("--") and "=" in line:
+                key, value = line[2:].split("=", 1)
+                flags[key] = value
+    return flags
+
+
+def run(cmd, log):
+    print("$ " + " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        with open(log) as f:
+            tail = f.read()[-3000:]
+        sys.exit(f"error: {' '.join(cmd[:4])} ... exited {proc.returncode}:\n{tail}")
+    return time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--flagfile", default="configs/simaffinity.flags")
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--knn_every", type=int, default=10)
+    parser.add_argument("--image_shape", default="28,28,1", help="the dataset's image shape (for the bench)")
+    parser.add_argument("--bench_extra", default="", help="extra flags for the bench (e.g. --quick sizes)")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--work", default="", help="folder for run folders and logs (default: a temp folder)")
+    args, train_extra = parser.parse_known_args()
+    train_extra = [a for a in train_extra if a != "--"]
+    work = args.work or tempfile.mkdtemp(prefix="cli-vs-bench-")
+    os.makedirs(work, exist_ok=True)
+    flags = parse_flagfile(args.flagfile)
+    for extra in train_extra:
+        if extra.startswith("--") and "=" in extra:
+            key, value = extra[2:].split("=", 1)
+            flags[key] = value
+    py = sys.executable
+
+    bench_json = os.path.join(work, "bench.json")
+    bench_cmd = [py, "-m", "benchmarks.bench", "--sections=a", f"--image_shape={args.image_shape}",
+                 "--data=fashion_mnist", f"--encoder={flags.get('encoder', 'resnet18')}",
+                 f"--projector_dims={flags.get('projector_dims', '2048,2048,256')}",
+                 f"--batch_size={flags.get('batch_size', '512')}", f"--precision={flags.get('precision', 'float32')}",
+                 f"--objective={flags.get('method', flags.get('objective', 'simtrace'))}", f"--out={bench_json}",
+                 *args.bench_extra.split()]
+    if "encoder_width" in flags:
+        bench_cmd.append(f"--encoder_width={flags['encoder_width']}")
+    run(bench_cmd, os.path.join(work, "bench.log"))
+    with open(bench_json) as f:
+        bench = json.load(f)
+    model_rate = bench["a_model_only"]["images_per_s"]
+
+    train_cmd = [py, "-m", "uniclr_tf.train", f"--flagfile={args.flagfile}", "--augment_on=device",
+                 f"--epochs={args.epochs}", f"--knn_every={args.knn_every}", f"--run_dir={work}",
+                 "--run_name=cli", "--overwrite", "--verbose=2", *train_extra]
+    cli_seconds = run(train_cmd, os.path.join(work, "train.log"))
+    run_dir = os.path.join(work, "cli")
+    with open(os.path.join(run_dir, "history.json")) as f:
+        history = json.load(f)
+    with open(os.path.join(run_dir, "metrics.json")) as f:
+        metrics = json.load(f)
+    with open(os.path.join(run_dir, "config.json")) as f:
+        config = json.load(f)
+    steps, batch = int(config["steps_per_epoch"]), int(config["batch_size"])
+    first, last = history[0], history[-1]
+    knn_after_first = sum(e.get("knn_seconds") or 0.0 for e in history[1:])
+    train_wall = last["wall_seconds"] - first["wall_seconds"] - knn_after_first
+    images = (len(history) - 1) * steps * batch
+    cli_rate = images / train_wall
+    fit_wall = last["wall_seconds"]
+    step_time = len(history) * steps * batch / model_rate
+    knn_total = sum(e.get("knn_seconds") or 0.0 for e in history)
+    result = {
+        "bench_model_only_images_per_s": model_rate,
+        "cli_training_images_per_s": cli_rate,
+        "ratio_cli_to_bench": cli_rate / model_rate,
+        "cli_process_seconds": cli_seconds,
+        "cli_fit_wall_seconds": fit_wall,
+        "first_epoch_seconds": first["wall_seconds"],
+        "knn_seconds_total": knn_total,
+        "knn_evaluations": sum(1 for e in history if e.get("knn_seconds")),
+        "share_outside_training_steps": 1.0 - step_time / fit_wall,
+        "share_outside_training_steps_after_epoch_1": 1.0 - (images / model_rate) / (fit_wall - first["wall_seconds"]),
+        "epochs": len(history), "steps_per_epoch": steps, "batch_size": batch,
+        "final_knn_top1": metrics.get("knn_top1"), "raw_pixel_knn_top1": metrics.get("raw_pixel_knn_top1"),
+        "bench": {"environment": bench.get("environment"), "a_model_only": bench["a_model_only"]},
+        "train_command": " ".join(train_cmd[1:]), "bench_command": " ".join(bench_cmd[1:]),
+    }
+    print(f"\n{'':<52} {'value':>12}")
+    rows = [("bench (a) model-only images/s", f"{model_rate:,.0f}"),
+            ("train CLI images/s (after epoch 1, kNN excluded)", f"{cli_rate:,.0f}"),
+            ("ratio CLI / bench", f"{cli_rate / model_rate:.3f}"),
+            ("CLI fit wall-clock s", f"{fit_wall:.1f}"),
+            ("  first epoch (compile) s", f"{first['wall_seconds']:.1f}"),
+            (f"  kNN monitor s ({result['knn_evaluations']} evaluations)", f"{knn_total:.1f}"),
+            ("share of wall-clock outside training steps", f"{result['share_outside_training_steps']:.3f}"),
+            ("  the same after epoch 1", f"{result['share_outside_training_steps_after_epoch_1']:.3f}"),
+            ("final kNN top-1 / raw pixels", f"{metrics.get('knn_top1', 0):.4f} / {metrics.get('raw_pixel_knn_top1', 0):.4f}")]
+    for name, value in rows:
+        print(f"{name:<52} {value:>12}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

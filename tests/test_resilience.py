@@ -1,0 +1,237 @@
+"""Runs you can leave running: resume, kill -9, signals, divergence, a full disk, run-folder hygiene.
+
+Every test drives the real train CLI in a subprocess on a slice of Fashion-MNIST with a tiny
+encoder, and checks what a user would find in the run folder afterwards.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+TINY = ["--flagfile=configs/quickstart.flags", "--encoder_width=8", "--projector_dims=64,32", "--batch_size=64",
+        "--max_examples=512", "--knn_max_train=512", "--warmup_epochs=0"]
+
+
+def cli(*args, backend="tensorflow", env=None):
+    return [sys.executable, "-m", "uniclr_tf.train", *args], {
+        **os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT),
+        "PYTHONUNBUFFERED": "1",
+        **(env or {})}
+
+
+def run_cli(*args, backend="tensorflow", timeout=600, env=None):
+    cmd, full_env = cli(*args, backend=backend, env=env)
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def start_cli(*args, backend="tensorflow"):
+    cmd, env = cli(*args, backend=backend)
+    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_line(proc, fragment, timeout=300):
+    """Reads the child's stdout until a line containing ``fragment``; returns the lines read."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if fragment in line:
+            return lines
+    raise AssertionError(f"{fragment!r} not seen in {lines[-20:]}")
+
+
+def h5_arrays(path):
+    import h5py
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, np.array(obj)) if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+def strict_json(path):
+    return json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{path} holds {c}"))
+
+
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
+    """JAX, device augmentation (its random state is a model variable): stopped mid-epoch 2 at step 5,
+    resumed with the same command, the run ends with the uninterrupted run's weights."""
+    args = [*TINY, "--method=byol", "--augment_on=device", "--epochs=3", "--steps_per_epoch=3", "--knn_every=0",
+            f"--run_dir={tmp_path}"]
+    whole = run_cli(*args, "--run_name=whole", backend="jax")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    first = run_cli(*args, "--run_name=cut", "--stop_after_steps=5", backend="jax")
+    assert first.returncode == 75, first.stderr[-3000:]
+    assert "stopped at epoch 2, step 5" in first.stdout and "Rerun the same command to resume" in first.stdout
+    second = run_cli(*args, "--run_name=cut", backend="jax")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming at epoch 2, step 5" in second.stdout
+    a, b = h5_arrays(tmp_path / "whole" / "model.weights.h5"), h5_arrays(tmp_path / "cut" / "model.weights.h5")
+    assert a.keys() == b.keys() and len(a) > 20
+    for key in a:
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    history_a = strict_json(tmp_path / "whole" / "history.json")
+    history_b = strict_json(tmp_path / "cut" / "history.json")
+    assert [e["epoch"] for e in history_b] == [1, 2, 3]
+    np.testing.assert_allclose(history_b[0]["loss"], history_a[0]["loss"], rtol=1e-5)  # epoch 1: before the cut
+    np.testing.assert_allclose(history_b[2]["loss"], history_a[2]["loss"], rtol=1e-4)  # epoch 3: all after it
+    assert strict_json(tmp_path / "cut" / "metrics.json")["steps"] == 9
+    # Rerunning a finished run trains nothing and exits 0.
+    again = run_cli(*args, "--run_name=cut", backend="jax")
+    assert again.returncode == 0 and "already finished" in again.stdout
+
+
+def test_kill_9_at_random_moments_then_the_same_command_finishes_the_run(tmp_path):
+    args = [*TINY, "--method=simaffinity", "--epochs=5", "--steps_per_epoch=25", "--knn_every=2",
+            "--backup_every_minutes=0.005", f"--run_dir={tmp_path}", "--run_name=k"]
+    rng = np.random.default_rng(0)
+    kills, finished = 0, False
+    for attempt in range(10):
+        proc = start_cli(*args)
+        if kills < 3:
+            try:
+                wait_for_line(proc, "run folder:")
+                time.sleep(float(rng.uniform(0.5, 5.0)))
+            except AssertionError:  # it printed no "run folder:" line: the run had finished
+                pass
+            if proc.poll() is None:
+                proc.kill()  # SIGKILL: no handler runs
+                proc.communicate()
+                kills += 1
+                continue
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        finished = True
+        break
+    assert finished and kills >= 2, (finished, kills)
+    run = tmp_path / "k"
+    metrics = strict_json(run / "metrics.json")
+    assert metrics["status"] == "finished" and metrics["steps"] == 125
+    history = strict_json(run / "history.json")
+    assert [e["epoch"] for e in history] == [1, 2, 3, 4, 5]  # one continuous history
+    assert "knn_top1" in history[1] and "knn_top1" in history[3]
+    state = strict_json(run / "backup" / "state.json")
+    assert state["step"] == 125 and (run / "backup" / state["weights"]).exists()
+    assert len(h5_arrays(run / "model.weights.h5")) > 20  # a valid checkpoint
+    assert not [p for p in run.rglob("*") if ".tmp" in p.name]  # no temporary file left behind
+    header = (run / "log.csv").read_text().splitlines()[0].split(",")
+    assert not any(h.startswith("val_") for h in header) and "knn_top1" in header
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_saves_a_backup_and_the_folder_stays_usable(sig, code, tmp_path):
+    args = [*TINY, "--method=simtrace", "--epochs=50", "--steps_per_epoch=4", "--knn_every=0", f"--run_dir={tmp_path}",
+            "--run_name=s"]
+    proc = start_cli(*args)
+    wait_for_line(proc, "Epoch 2/")
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-3000:]
+    assert "Traceback" not in err
+    assert "Rerun the same command to resume" in out.splitlines()[-1]
+    run = tmp_path / "s"
+    state = strict_json(run / "backup" / "state.json")
+    assert state["reason"] == signal.Signals(sig).name and state["step"] >= 4
+    assert strict_json(run / "metrics.json")["status"] == "interrupted"
+    # export and linear_eval can use the stopped run: its encoder is there.
+    from uniclr_tf.runs import RunFolder
+    encoder = RunFolder(str(run)).load_encoder()
+    assert encoder.output_shape[-1] > 0
+    if sig == signal.SIGTERM:  # and the same command continues it
+        more = run_cli(*args, "--stop_after_steps=2")
+        assert more.returncode == 75 and f"resuming at epoch {state['epoch'] + 1}, step {state['step']}" in more.stdout
+
+
+@pytest.mark.parametrize("method", ["simaffinity", "simtrace"])
+def test_divergence_stops_with_one_line_and_keeps_the_last_finite_backup(method, tmp_path):
+    proc = run_cli(*TINY, f"--method={method}", "--base_learning_rate=1e6", "--epochs=3", "--steps_per_epoch=3",
+                   "--knn_every=0", f"--run_dir={tmp_path}", "--run_name=d")
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: training diverged at epoch ") and "non-finite" in last, last
+    assert "--base_learning_rate" in last and "Traceback" not in proc.stderr
+    run = tmp_path / "d"
+    metrics = strict_json(run / "metrics.json")
+    assert metrics["status"] == "diverged" and "non-finite" in metrics["reason"]
+    assert not (run / "encoder.keras").exists()
+    state_path = run / "backup" / "state.json"
+    if state_path.exists():  # any backup kept is finite
+        with np.load(run / "backup" / strict_json(state_path)["weights"]) as data:
+            assert all(np.all(np.isfinite(data[k])) for k in data.files if data[k].dtype.kind == "f")
+
+
+FULL_DISK = r"""
+import errno, sys
+import keras
+from absl import app
+from uniclr_tf import train
+
+def no_space(self, filepath, *args, **kwargs):
+    with open(filepath, "wb") as f:
+        f.write(b"partial")
+    raise OSError(errno.ENOSPC, "No space left on device", str(filepath))
+
+keras.Model.save_weights = no_space  # the disk fills up when the final weights are written
+train.define_flags()
+sys.argv = ["train", *sys.argv[1:]]
+app.run(train.main)
+"""
+
+
+def test_a_full_disk_ends_the_run_with_one_line_and_the_backup_intact(tmp_path):
+    args = [*TINY, "--method=simclr", "--epochs=2", "--steps_per_epoch=2", "--knn_every=0", f"--run_dir={tmp_path}",
+            "--run_name=f"]
+    cmd, env = cli(*args)
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK, *args], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: could not write") and "No space left on device" in last, last
+    assert "Traceback" not in proc.stderr
+    run = tmp_path / "f"
+    state = strict_json(run / "backup" / "state.json")
+    assert state["step"] == 4
+    with np.load(run / "backup" / state["weights"]) as data:
+        assert len(data.files) > 20
+    assert not (run / "model.weights.h5").exists()  # the torn temporary file was removed, not renamed
+    assert not [p for p in run.rglob("*") if ".tmp" in p.name]
+
+
+def test_log_is_one_line_per_epoch_off_a_terminal(tmp_path):
+    proc = run_cli(*TINY, "--method=vicreg", "--epochs=2", "--steps_per_epoch=3", "--knn_every=1",
+                   f"--run_dir={tmp_path}", "--run_name=v")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "\x1b[" not in proc.stdout and "━" not in proc.stdout
+    epochs = [l for l in proc.stdout.splitlines() if l.startswith("3/3 - ")]
+    assert len(epochs) == 2, proc.stdout
+    run = tmp_path / "v"
+    assert (run / "curves.png").exists() and len(strict_json(run / "history.json")) == 2
+
+
+def test_whitening_with_too_few_rows_is_refused_unless_made_well_posed():
+    from uniclr_tf.config import TrainConfig
+    with pytest.raises(ValueError, match=r"--batch_size=16: simtrace whitens the 2N = 32 rows"):
+        TrainConfig.make(method="simtrace", projector_dims=(64, 512), batch_size=16)
+    with pytest.raises(ValueError, match=r"--batch_size=16: simwhitening whitens"):
+        TrainConfig.make(method="simwhitening", projector_dims=(64, 512), batch_size=16)
+    TrainConfig.make(method="simtrace", projector_dims=(64, 512), batch_size=16, whitening_groups=32)
+    TrainConfig.make(method="simtrace", projector_dims=(64, 512), batch_size=16, eps=0.1)  # a stated ridge
+    TrainConfig.make(method="simaffinity", projector_dims=(64, 512), batch_size=16)  # no whitening
+
+
+def test_collapse_warning(capsys):
+    from uniclr_tf.callbacks import CollapseWarning
+    warn = CollapseWarning(embedding_dim=256)
+    warn.on_epoch_end(0, {"embedding_std": 1 / 16})
+    assert capsys.readouterr().out == ""
+    warn.on_epoch_end(4, {"embedding_std": 1e-4})
+    assert "epoch 5: the embeddings are collapsing" in capsys.readouterr().out

@@ -1,0 +1,303 @@
+"""Backups, resume, interruption and divergence: what lets a training run be left running.
+
+A run folder keeps its backup in ``backup/``::
+
+    backup/state.json              {"epoch": completed epochs, "step": optimizer steps done,
+                                    "weights": "weights-<step>.npz", "reason": ..., "time": ...}
+    backup/weights-<step>.npz      the value of every variable of the model (online and target networks,
+                                   BN statistics, the method's state such as MoCo's queue, the probe, the
+                                   device augmenter's random state) and of the optimizer (its step counter
+                                   and momenta), by variable path, so the LR and EMA schedules, functions of
+                                   the step, continue where they were
+
+Keras's ``BackupAndRestore`` writes ``save_weights`` synchronously from the live variables, at epoch
+ends or every N steps, in place. Here the values are copied to the host once (consistent: between
+two steps), checked for NaN, and written by a background thread, so the training step does not
+wait for the disk; the write is atomic (a new file through a temporary name, then ``state.json``
+replaced, then older weight files deleted), so a ``kill -9`` at any instant leaves a consistent
+pair. A backup is taken at every epoch end and at step boundaries: every ``every_s`` seconds, on
+SIGTERM / SIGINT, and after ``stop_after_steps`` steps of this invocation; the data stream is
+deterministic given the seed and is skipped to the backed-up step on resume.
+
+Exactness of a resume: the weights, optimizer, EMA target and its schedule, the step counter, the
+data order (the stream is deterministic given the seed and skipped to the backed-up step) and, on
+the JAX backend, the device augmenter's random state are restored exactly. Not restored: the random
+state of augmentation done in ``tf.data`` (host) or inside a TensorFlow graph (device, TF backend),
+which lives in ``tf.random.Generator`` objects that Keras does not save and that ``tf.data`` runs
+ahead of the training step; a resumed TF run sees the same images in the same order with other
+random crops. The epoch-mean metrics of an epoch resumed mid-way cover the steps after the resume.
+"""
+
+import glob
+import json
+import math
+import os
+import signal
+import time
+
+import keras
+import numpy as np
+
+from uniclr_tf import runs
+
+BACKUP_DIR = "backup"
+STATE_FILE = "state.json"
+
+EXIT_PAUSED = 75  # EX_TEMPFAIL: stopped on purpose (--stop_after_steps); rerun the same command to continue
+
+
+class TrainingStopped(Exception):
+    """Training stopped before its end, with a backup saved; ``exit_code`` says why."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class TrainingDiverged(Exception):
+    """A loss term or a weight became non-finite; the last finite backup is kept."""
+
+
+def state_path(run_dir):
+    return os.path.join(run_dir, BACKUP_DIR, STATE_FILE)
+
+
+def latest(run_dir):
+    """The last consistent backup's state dict, or None when there is none."""
+    path = state_path(run_dir)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError) as e:
+        raise runs.RunFolderError(f"run folder {run_dir!r}: unreadable {BACKUP_DIR}/{STATE_FILE} ({e}); "
+                                  "pass --overwrite to start the run again") from None
+    if not os.path.exists(os.path.join(run_dir, BACKUP_DIR, state["weights"])):
+        raise runs.RunFolderError(f"run folder {run_dir!r}: {BACKUP_DIR}/{STATE_FILE} names {state['weights']}, "
+                                  "which is missing; pass --overwrite to start the run again")
+    return state
+
+
+def _variables(model):
+    """Everything a backup holds, in a fixed order: the model's variables and the optimizer's."""
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    return list(model.trainable_variables) + list(model.non_trainable_variables) + list(model.optimizer.variables)
+
+
+def snapshot(model):
+    """``[(path, host copy of the value)]`` of every backed-up variable (one device-to-host copy)."""
+    variables = _variables(model)
+    if keras.backend.backend() == "jax":
+        import jax
+        values = jax.device_get([v.value for v in variables])  # all transfers at once, not one per variable
+    else:
+        values = [keras.ops.convert_to_numpy(v.value) for v in variables]
+    return [(v.path, np.array(value)) for v, value in zip(variables, values)]
+
+
+def write(run_dir, values, epoch, step, reason):
+    """Writes a snapshot as the run's backup, atomically; returns its state dict."""
+    folder = os.path.join(run_dir, BACKUP_DIR)
+    os.makedirs(folder, exist_ok=True)
+    name = f"weights-{step:09d}.npz"
+
+    def save_npz(tmp):
+        with open(tmp, "wb") as f:
+            np.savez(f, **{f"{i:05d}|{path}": value for i, (path, value) in enumerate(values)})
+
+    runs.atomic_save(os.path.join(folder, name), save_npz)
+    state = {"epoch": int(epoch), "step": int(step), "weights": name, "reason": reason,
+             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    runs.atomic_write_json(os.path.join(folder, STATE_FILE), state)
+    for old in glob.glob(os.path.join(folder, "weights-*.npz")):
+        if os.path.basename(old) != name:
+            os.remove(old)
+    return state
+
+
+def restore(model, run_dir, state):
+    """Loads a backup into a compiled ``model`` (its optimizer is built first, so its state loads)."""
+    model.optimizer.build(model.trainable_variables)
+    path = os.path.join(run_dir, BACKUP_DIR, state["weights"])
+    with np.load(path) as data:
+        keys = sorted(data.files)
+        variables = _variables(model)
+        saved = [k.split("|", 1)[1] for k in keys]
+        if saved != [v.path for v in variables]:
+            differ = next((f"{a} != {b}" for a, b in zip(saved, (v.path for v in variables)) if a != b),
+                          f"{len(saved)} saved, {len(variables)} in the model")
+            raise runs.RunFolderError(f"run folder {run_dir!r}: the backup {state['weights']} does not match the "
+                                      f"model these flags build ({differ}); pass --overwrite to start again")
+        for variable, key in zip(variables, keys):
+            variable.assign(data[key])
+
+
+class Writer:
+    """Writes backups from a background thread, one at a time; an error of a write (e.g. a full disk)
+    is raised by the next call. ``wait`` blocks until the last write is on disk."""
+
+    def __init__(self, run_dir):
+        self.run_dir = run_dir
+        self._thread = None
+        self._error = None
+        self.last = latest(run_dir) if os.path.isdir(run_dir) else None
+
+    def _run(self, values, epoch, step, reason):
+        try:
+            self.last = write(self.run_dir, values, epoch, step, reason)
+        except BaseException as e:  # re-raised in the training thread
+            self._error = e
+
+    def wait(self):
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def submit(self, values, epoch, step, reason, background=True):
+        self.wait()
+        if not background:
+            self._run(values, epoch, step, reason)
+            return self.wait()
+        import threading
+        self._thread = threading.Thread(target=self._run, args=(values, epoch, step, reason), daemon=False)
+        self._thread.start()
+
+
+def non_finite_weights(values):
+    """Paths in a snapshot whose values hold NaN or infinity."""
+    return [path for path, value in values
+            if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value))]
+
+
+def non_finite_logs(logs):
+    bad = []
+    for key, value in (logs or {}).items():
+        try:
+            if not math.isfinite(float(np.asarray(value))):
+                bad.append(key)
+        except (TypeError, ValueError):
+            continue
+    return bad
+
+
+def divergence_message(epoch, step, terms, weights=(), method=None):
+    what = ", ".join(terms) if terms else "weights " + ", ".join(weights[:3]) + (" ..." if len(weights) > 3 else "")
+    hint = "a learning rate too high for this batch (--base_learning_rate)"
+    if method in ("simwhitening", "simtrace", "wmse"):
+        hint += ", or a covariance ridge too small for the Cholesky factorisation (--eps)"
+    return (f"training diverged at epoch {epoch}, step {step}: non-finite {what}. Likely cause: {hint}. "
+            "The last finite backup is kept; rerun with a changed flag and --overwrite")
+
+
+class Interrupts:
+    """Turns SIGTERM and SIGINT into a request to stop at the next step boundary (a second Ctrl-C
+    stops at once). A context manager; handlers are installed in the main thread only."""
+
+    def __init__(self):
+        self.signal = None
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signum
+        print(f"\nreceived {signal.Signals(signum).name}: saving a backup at the next step boundary "
+              "(Ctrl-C again to stop at once)", flush=True)
+
+    def __enter__(self):
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread
+            self._previous.clear()
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+        return False
+
+
+class Progress:
+    """Where training is: the optimizer steps done (counted on the host, no device sync)."""
+
+    def __init__(self, steps_per_epoch, initial_step=0):
+        self.steps_per_epoch = int(steps_per_epoch)
+        self.initial_step = int(initial_step)
+        self.step = int(initial_step)
+        self.epoch = self.step // self.steps_per_epoch
+
+
+class StopTraining(Exception):
+    """Raised by :class:`BackupCallback` between two steps, after its backup: stops ``fit`` there."""
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class BackupCallback(keras.callbacks.Callback):
+    """Backs up at every epoch end and between steps (every ``every_s`` seconds, on a signal, or after
+    ``stop_after_steps`` steps of this invocation; the last two then raise :class:`StopTraining`, so no
+    further step runs); stops on a non-finite loss or weight.
+
+    It works in ``on_train_batch_begin`` (steps before this batch are done) and counts steps itself:
+    a callback with ``on_train_batch_end`` makes Keras convert the step's logs to Python numbers every
+    step, a device synchronisation that serialised host and device work (17 instead of 11 ms a step
+    on an H100); and on JAX, ``self.model`` copies the state back from the device, so it is touched
+    only to back up.
+    """
+
+    def __init__(self, writer, progress, every_s=600.0, stop_after_steps=0, interrupts=None, method=None):
+        super().__init__()
+        self.writer, self.progress = writer, progress
+        self.every_s, self.stop_after_steps = float(every_s), int(stop_after_steps)
+        self.interrupts, self.method = interrupts, method
+        self._last_save = time.monotonic()
+        self._epoch_begin_step = progress.initial_step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        p = self.progress
+        p.epoch = epoch
+        p.step = self._epoch_begin_step = max(epoch * p.steps_per_epoch, p.initial_step)
+
+    def _backup(self, reason, background=True):
+        p = self.progress
+        if p.step == p.initial_step or (self.writer.last is not None and self.writer.last["step"] == p.step):
+            return  # nothing new: no step yet in this invocation, or this step is backed up already
+        values = snapshot(self.model)  # self.model synchronises the state on JAX
+        bad = non_finite_weights(values)
+        if bad:
+            raise TrainingDiverged(divergence_message(p.epoch + 1, p.step, [], bad, self.method))
+        completed = p.step // p.steps_per_epoch
+        self.writer.submit(values, completed, p.step, reason, background=background)
+        self._last_save = time.monotonic()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        p = self.progress
+        p.step = self._epoch_begin_step + batch  # steps done before this batch
+        if self.interrupts is not None and self.interrupts.signal is not None:
+            reason = signal.Signals(self.interrupts.signal).name
+        elif self.stop_after_steps and p.step - p.initial_step >= self.stop_after_steps:
+            reason = "stop_after_steps"
+        elif time.monotonic() - self._last_save >= self.every_s:
+            self._backup("time")
+            return
+        else:
+            return
+        self._backup(reason, background=False)
+        raise StopTraining(reason)
+
+    def on_epoch_end(self, epoch, logs=None):
+        p = self.progress
+        p.step = (epoch + 1) * p.steps_per_epoch
+        bad = non_finite_logs(logs)
+        if bad:
+            raise TrainingDiverged(divergence_message(epoch + 1, p.step, bad, method=self.method))
+        self._backup("epoch")
