@@ -87,14 +87,26 @@ def _variables(model):
 
 
 def snapshot(model):
-    """``[(path, host copy of the value)]`` of every backed-up variable (one device-to-host copy)."""
+    """``[(path, value)]`` of every backed-up variable, still on the device: a copy the training steps
+    cannot touch (on JAX a device-side copy, since the next step donates the state's buffers; on TF
+    a read, which resource variables keep intact under later writes). :func:`to_host` fetches it."""
     variables = _variables(model)
     if keras.backend.backend() == "jax":
-        import jax
-        values = jax.device_get([v.value for v in variables])  # all transfers at once, not one per variable
+        import jax.numpy as jnp
+        values = [jnp.array(v.value, copy=True) for v in variables]
     else:
-        values = [keras.ops.convert_to_numpy(v.value) for v in variables]
-    return [(v.path, np.array(value)) for v, value in zip(variables, values)]
+        values = [v.value for v in variables]
+    return [(v.path, value) for v, value in zip(variables, values)]
+
+
+def to_host(values):
+    """A snapshot's values as NumPy arrays (all transfers at once on JAX)."""
+    if keras.backend.backend() == "jax":
+        import jax
+        arrays = jax.device_get([value for _, value in values])
+    else:
+        arrays = [keras.ops.convert_to_numpy(value) for _, value in values]
+    return [(path, np.array(array)) for (path, _), array in zip(values, arrays)]
 
 
 def write(run_dir, values, epoch, step, reason):
@@ -135,28 +147,38 @@ def restore(model, run_dir, state):
 
 
 class Writer:
-    """Writes backups from a background thread, one at a time; an error of a write (e.g. a full disk)
-    is raised by the next call. ``wait`` blocks until the last write is on disk."""
+    """Fetches snapshots to the host, checks them for NaN / infinity and writes them, from a background
+    thread, one at a time; an error (a full disk, non-finite weights) is raised by the next call.
+    ``wait`` blocks until the last write is on disk."""
 
-    def __init__(self, run_dir):
-        self.run_dir = run_dir
+    def __init__(self, run_dir, method=None):
+        self.run_dir, self.method = run_dir, method
         self._thread = None
         self._error = None
         self.last = latest(run_dir) if os.path.isdir(run_dir) else None
 
     def _run(self, values, epoch, step, reason):
         try:
+            values = to_host(values)
+            bad = non_finite_weights(values)
+            if bad:  # never replace the last finite backup
+                raise TrainingDiverged(divergence_message(epoch + 1, step, [], bad, self.method))
             self.last = write(self.run_dir, values, epoch, step, reason)
         except BaseException as e:  # re-raised in the training thread
             self._error = e
 
-    def wait(self):
+    def wait(self, raise_error=True):
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._error is not None:
+        if self._error is not None and raise_error:
             error, self._error = self._error, None
             raise error
+
+    @property
+    def busy(self):
+        """True while a background write is still going on."""
+        return self._thread is not None and self._thread.is_alive()
 
     def submit(self, values, epoch, step, reason, background=True):
         self.wait()
@@ -272,9 +294,6 @@ class BackupCallback(keras.callbacks.Callback):
         if p.step == p.initial_step or (self.writer.last is not None and self.writer.last["step"] == p.step):
             return  # nothing new: no step yet in this invocation, or this step is backed up already
         values = snapshot(self.model)  # self.model synchronises the state on JAX
-        bad = non_finite_weights(values)
-        if bad:
-            raise TrainingDiverged(divergence_message(p.epoch + 1, p.step, [], bad, self.method))
         completed = p.step // p.steps_per_epoch
         self.writer.submit(values, completed, p.step, reason, background=background)
         self._last_save = time.monotonic()
@@ -286,7 +305,7 @@ class BackupCallback(keras.callbacks.Callback):
             reason = signal.Signals(self.interrupts.signal).name
         elif self.stop_after_steps and p.step - p.initial_step >= self.stop_after_steps:
             reason = "stop_after_steps"
-        elif time.monotonic() - self._last_save >= self.every_s:
+        elif time.monotonic() - self._last_save >= self.every_s and not self.writer.busy:
             self._backup("time")
             return
         else:
@@ -300,4 +319,8 @@ class BackupCallback(keras.callbacks.Callback):
         bad = non_finite_logs(logs)
         if bad:
             raise TrainingDiverged(divergence_message(epoch + 1, p.step, bad, method=self.method))
-        self._backup("epoch")
+        # An epoch-end backup never makes the step wait: while the previous write is still going on
+        # (short epochs, a slow disk) this one is skipped; the next epoch end writes a newer one.
+        # The last epoch's is always written.
+        if not self.writer.busy or epoch + 1 >= int((self.params or {}).get("epochs", 0)):
+            self._backup("epoch")

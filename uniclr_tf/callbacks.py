@@ -21,8 +21,10 @@ class KNNMonitor(keras.callbacks.Callback):
     it record them) and keeps the history in ``self.history``.
     """
 
-    def __init__(self, encoder, preprocess, train, test, num_classes, every=1, k=200, temperature=0.1):
+    def __init__(self, encoder, preprocess, train, test, num_classes, every=1, k=200, temperature=0.1,
+                 batch_size=2048):
         super().__init__()
+        self.batch_size = batch_size  # large batches: fewer host round trips when extracting features
         self.encoder, self.preprocess = encoder, preprocess
         self.train, self.test, self.num_classes = train, test, num_classes
         self.every, self.k, self.temperature = every, k, temperature
@@ -34,7 +36,7 @@ class KNNMonitor(keras.callbacks.Callback):
             return
         start = time.perf_counter()
         acc = knn_eval(self.encoder, self.preprocess, self.train, self.test, self.num_classes,
-                       self.k, self.temperature)
+                       self.k, self.temperature, batch_size=self.batch_size)
         seconds = time.perf_counter() - start
         self.seconds += seconds
         self.history.append({"epoch": epoch + 1, **acc})

@@ -303,7 +303,7 @@ def run(cfg):
     history = HistoryRecorder(run_dir, title=f"{cfg.method} · {os.path.basename(run_dir)} · {cfg.dataset}",
                               reference={"raw-pixel kNN top-1": raw["top1"]} if raw else None,
                               epochs=_read_history(run_dir, completed_epochs))
-    writer = backup.Writer(run_dir)
+    writer = backup.Writer(run_dir, method=cfg.method)
     with backup.Interrupts() as interrupts:
         saver = backup.BackupCallback(writer, progress, every_s=60.0 * cfg.backup_every_minutes,
                                       stop_after_steps=cfg.stop_after_steps, interrupts=interrupts,
@@ -331,6 +331,7 @@ def run(cfg):
             if epoch < cfg.epochs:
                 model.fit(train_data(epoch * steps_per_epoch), initial_epoch=epoch, epochs=cfg.epochs,
                           steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose)
+            writer.wait()  # the last backup is on disk (and was finite)
         except backup.StopTraining as e:  # between two steps, after a backup
             stopped = e.reason
             history.write()
@@ -345,7 +346,7 @@ def run(cfg):
                 raise backup.TrainingDiverged(message) from None
             raise
         finally:
-            writer.wait()
+            writer.wait(raise_error=False)
         train_seconds = time.perf_counter() - start
 
     if stopped is not None:
@@ -367,7 +368,8 @@ def run(cfg):
                "final_loss": history.epochs[-1].get("loss") if history.epochs else None,
                "seconds": {"this_invocation": train_seconds, "knn_monitor": knn.seconds if knn else 0.0}}
     if info.num_classes:
-        ssl = knn_eval(model.encoder, preprocess, knn_train, knn_test, info.num_classes, cfg.knn_k, cfg.knn_temperature)
+        ssl = knn_eval(model.encoder, preprocess, knn_train, knn_test, info.num_classes, cfg.knn_k, cfg.knn_temperature,
+                       batch_size=2048)
         metrics.update(knn_top1=ssl["top1"], knn_top5=ssl["top5"], raw_pixel_knn_top1=raw["top1"],
                        raw_pixel_knn_top5=raw["top5"], knn_memory_bank=len(knn_train[0]), knn_test=len(knn_test[0]))
         print(f"kNN top-1 (k={cfg.knn_k}, T={cfg.knn_temperature}) on the test split: {ssl['top1']:.4f} | "
@@ -415,6 +417,17 @@ def main(argv):
         sys.exit(f"error: {e}")
 
 
-if __name__ == "__main__":
+def entry_point():
+    """The ``uniclr-train`` console script (pyproject.toml): what ``python -m uniclr_tf.train`` does."""
     define_flags()
+    if __name__ != "__main__":  # console script: let --help show this module's docstring and flags
+        main_module = sys.modules["__main__"]
+        if not getattr(main_module, "__doc__", None):
+            main_module.__doc__ = __doc__
+        for flag in flags.FLAGS.get_key_flags_for_module(__name__):
+            flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     app.run(main)
+
+
+if __name__ == "__main__":
+    entry_point()
