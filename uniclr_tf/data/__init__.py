@@ -1,0 +1,99 @@
+"""Datasets and the tf.data input pipelines.
+
+``load_dataset(spec)`` turns a dataset spec into a :class:`DatasetInfo` (shapes, classes,
+per-channel statistics and the splits); ``pretrain_dataset``, ``eval_dataset``, ``numpy_batches``
+and ``as_numpy`` read the splits. Three spec forms are understood:
+
+* ``fashion_mnist`` (the default): Keras' copy of Fashion-MNIST, loaded offline from
+  ``~/.keras/datasets/fashion-mnist`` (or from ``data_dir``), held in memory.
+* ``tfds:NAME[:SPLIT]``: any TensorFlow Datasets image dataset (``tfds:cifar10``,
+  ``tfds:imagenette/160px:train[:10%]``, ``tfds:cifar10:3.0.2``), streamed from its TFRecords.
+* ``folder:PATH``: image files, in class sub-folders or flat (unlabelled); decoded and checked
+  once, eagerly, then held in memory.
+
+Every element is a uint8 image ``[H, W, C]`` (``C`` in {1, 3}) with an int64 label (``-1`` when
+unlabelled). Bad data stops at load time with a one-line :class:`DataError` naming the culprit,
+never deep inside a running tf.data pipeline.
+
+The pipelines are tf.data (whatever the Keras backend) but no ``keras.ops``: they run unchanged
+under ``KERAS_BACKEND=jax``, whose ``fit`` converts the tf tensors. TensorFlow itself is imported on
+first use, so in-memory data (``fashion_mnist`` at its own size) also loads where TensorFlow is not
+installed (the JAX-only GPU machine), and :func:`numpy_batches` feeds it without tf.data.
+``tensorflow_datasets`` is imported only when a ``tfds:`` spec is used.
+
+Modules
+-------
+``spec``       the spec forms (:data:`SPEC_FORMS`), :class:`DataError`, :class:`Split`,
+               :class:`DatasetInfo`; parsing of ``image_size`` and of ``tfds:`` specs.
+``sources``    :func:`load_dataset`, and one module per source: ``sources.fashion_mnist``
+               (keras.datasets or IDX files), ``sources.tfds``, ``sources.folder`` (listing,
+               hold-out, decoding and checking every file, bad-file skipping); ``sources.common``
+               builds splits and infos and resizes images.
+``decode``     :func:`decode_image` (TensorFlow's rule, and the same rule with Pillow) and
+               :class:`ImageDecodeError`.
+``stats``      per-channel mean / std of uint8 images.
+``pipelines``  :func:`pretrain_dataset`, :func:`eval_dataset` (tf.data), :func:`numpy_batches`
+               (no tf.data), :func:`as_numpy`.
+``lazy_tf``    ``tf`` (TensorFlow, imported on first attribute access), ``AUTOTUNE``,
+               :func:`have_tensorflow`.
+
+Everything is re-exported here: ``from uniclr_tf.data import load_dataset``. The names are bound
+to the objects of the defining modules, so a test that patches a name must patch it there (e.g.
+``uniclr_tf.data.sources.fashion_mnist._keras_cache_dir``), where the code looks it up.
+"""
+
+from uniclr_tf.data import decode, lazy_tf, pipelines, sources, spec, stats
+from uniclr_tf.data.decode import ImageDecodeError, decode_image
+from uniclr_tf.data.lazy_tf import AUTOTUNE, have_tensorflow, tf
+from uniclr_tf.data.pipelines import as_numpy, eval_dataset, numpy_batches, pretrain_dataset
+from uniclr_tf.data.sources import load_dataset
+from uniclr_tf.data.sources.fashion_mnist import (FASHION_MNIST_CLASSES, FASHION_MNIST_MEAN,
+                                                  FASHION_MNIST_STD)
+from uniclr_tf.data.sources.folder import IMAGE_EXTENSIONS
+from uniclr_tf.data.spec import SPEC_FORMS, DataError, DatasetInfo, Split
+
+# Private names of the former single-module ``data.py``, kept importable from here for backward
+# compatibility (tests read ``_keras_cache_dir``, ``_FASHION_MNIST_FILES``, ``_parse_tfds_spec``).
+from uniclr_tf.data.decode import (  # noqa: E402,F401  isort: skip
+    _PIL_FORMATS, _PIL_GREY_MODES, _UNDECODABLE, _decode_image_pil)
+from uniclr_tf.data.lazy_tf import _LazyTensorFlow  # noqa: E402,F401  isort: skip
+from uniclr_tf.data.pipelines import _TFDS_SHUFFLE_BUFFER, _gather_fn  # noqa: E402,F401  isort: skip
+from uniclr_tf.data.sources import _fmt  # noqa: E402,F401  isort: skip
+from uniclr_tf.data.sources.common import (  # noqa: E402,F401  isort: skip
+    _HOLDOUT_FRACTION, _make_info, _memory_split, _resize_array, _resize_uint8)
+from uniclr_tf.data.sources.fashion_mnist import (  # noqa: E402,F401  isort: skip
+    _FASHION_MNIST_FILES, _fashion_mnist_missing_error, _keras_cache_dir, _load_fashion_mnist,
+    _read_idx_gz)
+from uniclr_tf.data.sources.folder import (  # noqa: E402,F401  isort: skip
+    _TEST_DIR_NAMES, _BadImage, _decode_file, _decode_files, _hash_order, _holdout, _image_files,
+    _is_hidden, _list_folder, _load_folder, _stack, _subsample)
+from uniclr_tf.data.sources.tfds import _TFDS_STATS_SAMPLE, _first_line, _load_tfds  # noqa: E402,F401  isort: skip
+from uniclr_tf.data.spec import _VERSION_RE, _normalize_image_size, _parse_tfds_spec  # noqa: E402,F401  isort: skip
+from uniclr_tf.data.stats import _STATS_SAMPLE, _array_stats, _channel_stats  # noqa: E402,F401  isort: skip
+
+__all__ = [
+    "AUTOTUNE",
+    "DataError",
+    "DatasetInfo",
+    "FASHION_MNIST_CLASSES",
+    "FASHION_MNIST_MEAN",
+    "FASHION_MNIST_STD",
+    "IMAGE_EXTENSIONS",
+    "ImageDecodeError",
+    "SPEC_FORMS",
+    "Split",
+    "as_numpy",
+    "decode",
+    "decode_image",
+    "eval_dataset",
+    "have_tensorflow",
+    "lazy_tf",
+    "load_dataset",
+    "numpy_batches",
+    "pipelines",
+    "pretrain_dataset",
+    "sources",
+    "spec",
+    "stats",
+    "tf",
+]

@@ -1,0 +1,106 @@
+"""Image file bytes to uint8 arrays: :func:`decode_image`, the one decoding rule.
+
+``folder:`` datasets decode their files with it, and ``export/client.py`` decodes the images it
+sends for serving with it, so that served images get the pixels training saw. The rule is
+TensorFlow's decoder; a Pillow path reproduces it where TensorFlow is not installed.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Optional
+
+import numpy as np
+
+from uniclr_tf.data.lazy_tf import have_tensorflow, tf
+
+
+class ImageDecodeError(ValueError):
+    """:func:`decode_image` cannot use these bytes; the message is one line (no path)."""
+
+
+_UNDECODABLE = "cannot decode image (truncated or not an image)"
+# The formats tf.io.decode_image reads, as Pillow names them (MPO: a camera JPEG with extra frames).
+_PIL_FORMATS = ("PNG", "JPEG", "MPO", "GIF", "BMP", "WEBP")
+_PIL_GREY_MODES = ("1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N")
+
+
+def decode_image(raw: bytes, backend: Optional[str] = None) -> np.ndarray:
+    """Image file bytes → uint8 ``[H, W, C]``, ``C`` in {1, 3}: THE decoding rule of ``folder:``
+    datasets, shared with ``export/client.py`` so that served images get the training pixels.
+
+    The rule is ``tf.io.decode_image(raw, channels=0, dtype=tf.uint8, expand_animations=False)``:
+    native channels (grey stays 1 channel, a palette becomes RGB), the first frame of an animation,
+    16-bit PNG samples reduced to their high byte (``v >> 8``: 10000 → 39, 65535 → 255; libpng's
+    strip-16), then alpha dropped (grey+alpha → 1 channel, RGBA → 3).
+
+    Args:
+      raw: the file's bytes (PNG, JPEG, GIF, BMP or WebP).
+      backend: ``"tensorflow"`` (the rule itself), ``"pil"`` (Pillow + NumPy, no TensorFlow: the same
+        values for PNG of any bit depth and colour type, GIF, 8/24/32-bit BMP and WebP; JPEG pixels
+        differ by a few levels, because TensorFlow decodes JPEG with libjpeg's fast integer IDCT and
+        Pillow offers only the accurate one), or None: ``"tensorflow"`` when installed, else ``"pil"``.
+
+    Raises:
+      ImageDecodeError: one line saying why (not an image, truncated, unexpected shape).
+    """
+    if backend is None:
+        backend = "tensorflow" if have_tensorflow() else "pil"
+    if not raw:
+        raise ImageDecodeError("empty file")
+    if backend == "tensorflow":
+        try:
+            image = tf.io.decode_image(raw, channels=0, dtype=tf.uint8, expand_animations=False).numpy()
+        except (tf.errors.OpError, ValueError):
+            raise ImageDecodeError(_UNDECODABLE) from None
+    elif backend == "pil":
+        image = _decode_image_pil(raw)
+    else:
+        raise ValueError(f"backend must be 'tensorflow', 'pil' or None; received {backend!r}")
+    if image.ndim != 3 or image.shape[-1] not in (1, 2, 3, 4):
+        raise ImageDecodeError(f"unexpected decoded shape {image.shape}; expected (height, width, 1 or 3 channels)")
+    if min(image.shape[:2]) < 1:
+        raise ImageDecodeError(f"empty image (shape {image.shape})")
+    if image.shape[-1] == 2:  # grey + alpha
+        image = image[..., :1]
+    elif image.shape[-1] == 4:  # RGBA
+        image = image[..., :3]
+    return image
+
+
+def _decode_image_pil(raw):
+    """``decode_image``'s rule with Pillow: uint8 ``[H, W, 1 or 3]`` (see there for what matches)."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(raw)) as im:
+            if im.format not in _PIL_FORMATS:
+                raise ImageDecodeError(_UNDECODABLE)
+            im.load()  # the first frame; truncated data raises here
+            mode = im.mode
+            # PNG colour type (IHDR byte 25): 0 grey, 4 grey+alpha. Pillow opens 16-bit grey+alpha as
+            # RGBA (R = G = B = the grey's high byte); TensorFlow keeps it grey.
+            grey_png = im.format == "PNG" and len(raw) > 25 and raw[25] in (0, 4)
+            if mode.startswith("I"):  # 16-bit grey PNG ("I;16", or "I" in older Pillow): full values
+                values = np.asarray(im).astype(np.int64)
+                return (np.clip(values, 0, 65535) >> 8).astype(np.uint8)[..., None]
+            if im.format == "GIF":  # always RGB in TensorFlow, even with a grey palette, and
+                rgba = np.asarray(im.convert("RGBA"), dtype=np.uint8)  # transparent pixels black
+                return np.where(rgba[..., 3:] == 0, np.uint8(0), rgba[..., :3])
+            if im.format == "BMP":
+                if mode == "1":  # TensorFlow refuses 1-bit BMPs
+                    raise ImageDecodeError(_UNDECODABLE)
+                if mode in ("P", "L"):  # TensorFlow returns an 8-bit BMP's palette indices, one channel
+                    return np.asarray(im, dtype=np.uint8)[..., None]
+            if mode in _PIL_GREY_MODES:
+                return np.asarray(im.convert("L"), dtype=np.uint8)[..., None]
+            if grey_png:
+                return np.asarray(im.getchannel(0), dtype=np.uint8)[..., None]
+            if mode in ("P", "PA"):  # via RGBA: Pillow warns converting a palette with alpha to RGB
+                return np.asarray(im.convert("RGBA"), dtype=np.uint8)[..., :3]
+            return np.asarray(im.convert("RGB"), dtype=np.uint8)
+    except ImageDecodeError:
+        raise
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError):
+        # UnidentifiedImageError is an OSError; truncated files raise OSError or SyntaxError.
+        raise ImageDecodeError(_UNDECODABLE) from None

@@ -1,0 +1,165 @@
+"""Reading the splits of a :class:`~uniclr_tf.data.spec.DatasetInfo`.
+
+``pretrain_dataset`` (shuffled, ``drop_remainder`` batches, optionally augmented inside tf.data)
+and ``eval_dataset`` (file order, last batch partial) are tf.data pipelines, whatever the Keras
+backend, with no ``keras.ops``: they run unchanged under ``KERAS_BACKEND=jax``, whose ``fit``
+converts the tf tensors. ``numpy_batches`` is ``pretrain_dataset``'s stream of raw uint8 batches
+without tf.data (in-memory splits only; it needs no TensorFlow), and ``as_numpy`` returns a split,
+or its beginning, as arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+
+from uniclr_tf.data.lazy_tf import AUTOTUNE, tf
+from uniclr_tf.data.spec import DataError, DatasetInfo
+
+_TFDS_SHUFFLE_BUFFER = 10_000  # shuffle buffer of streamed (tfds) splits; in-memory splits shuffle whole
+
+
+def _gather_fn(split, with_labels=True):
+    """A tf.data map function: batch of indices -> uint8 images (and labels) of an in-memory split."""
+    images = tf.constant(split.images)
+    labels = tf.constant(split.labels)
+    if with_labels:
+        return lambda idx: (tf.gather(images, idx), tf.gather(labels, idx))
+    return lambda idx: tf.gather(images, idx)
+
+
+def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Callable] = None,
+                     shuffle: bool = True, seed: int = 0, split: str = "train", repeat: bool = False,
+                     with_labels: bool = False, skip_batches: int = 0) -> tf.data.Dataset:
+    """Batches for self-supervised pretraining.
+
+    Shuffles (deterministically given ``seed``), optionally repeats, batches with
+    ``drop_remainder=True`` (static shapes for XLA/TPU), then maps ``augmenter`` over each uint8
+    batch ``[B, H, W, C]`` (it returns a tuple of float views), and prefetches.
+
+    Args:
+      info: from :func:`load_dataset`.
+      batch_size: global batch size ``B``.
+      augmenter: a callable (e.g. a Keras layer built on ``self.backend``) applied to the batch
+        inside tf.data; None yields the raw uint8 batch (augmentation on the device).
+      shuffle: shuffle the examples (reshuffled every epoch).
+      seed: shuffle seed.
+      split: which split to read.
+      repeat: repeat forever (batches then run across epoch boundaries).
+      with_labels: yield ``(x, labels)`` (labels int64 ``[B]``, ``-1`` when unlabelled) for the
+        online linear probe, instead of ``x`` alone.
+      skip_batches: start this many batches into the (deterministic) stream, e.g. at a resumed run's
+        step; skipped before any image is gathered or augmented, so skipping costs little.
+
+    Returns:
+      A ``tf.data.Dataset`` yielding ``x`` (tuple of views, or a uint8 batch) or ``(x, labels)``.
+    """
+    data = info.split(split)
+    n = data.num_examples
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive; received {batch_size}")
+    if n == 0 or (n < batch_size and not repeat):
+        raise DataError(f"{info.spec or info.name}: split {split!r} has {n} examples, fewer than "
+                        f"batch_size={batch_size}; drop_remainder would yield nothing")
+    if data.in_memory:
+        ds = tf.data.Dataset.range(n)
+        if shuffle:
+            ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
+        if repeat:
+            ds = ds.repeat()
+        ds = ds.batch(batch_size, drop_remainder=True).skip(skip_batches)
+        ds = ds.map(_gather_fn(data, with_labels), num_parallel_calls=AUTOTUNE)
+    else:
+        ds = data.dataset
+        if shuffle:
+            ds = ds.shuffle(min(n, _TFDS_SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
+        if repeat:
+            ds = ds.repeat()
+        ds = ds.batch(batch_size, drop_remainder=True).skip(skip_batches)
+        if not with_labels:
+            ds = ds.map(lambda x, y: x, num_parallel_calls=AUTOTUNE)
+    if augmenter is not None:
+        if not callable(augmenter):
+            raise TypeError(f"augmenter must be callable or None; received {type(augmenter).__name__}")
+        if with_labels:
+            ds = ds.map(lambda x, y: (augmenter(x), y), num_parallel_calls=AUTOTUNE)
+        else:
+            ds = ds.map(augmenter, num_parallel_calls=AUTOTUNE)
+    return ds.prefetch(AUTOTUNE)
+
+
+def eval_dataset(info: DatasetInfo, split: str, batch_size: int,
+                 preprocess: Optional[Callable] = None) -> tf.data.Dataset:
+    """Batches of ``(images, labels)`` in file order, the last one partial (no drop_remainder).
+
+    Args:
+      info: from :func:`load_dataset`.
+      split: ``"train"`` or ``"test"``.
+      batch_size: batch size.
+      preprocess: optional callable applied to each uint8 batch ``[b, H, W, C]`` (e.g. scale and
+        normalise); None yields the uint8 images.
+
+    Returns:
+      A ``tf.data.Dataset`` of ``(images, labels int64)``.
+    """
+    data = info.split(split)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive; received {batch_size}")
+    if data.in_memory:
+        ds = tf.data.Dataset.range(data.num_examples).batch(batch_size)
+        ds = ds.map(_gather_fn(data), num_parallel_calls=AUTOTUNE)
+    else:
+        ds = data.dataset.batch(batch_size)
+    if preprocess is not None:
+        ds = ds.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
+    return ds.prefetch(AUTOTUNE)
+
+
+def numpy_batches(info: DatasetInfo, batch_size: int, shuffle: bool = True, seed: int = 0,
+                  split: str = "train", with_labels: bool = False, skip_batches: int = 0):
+    """Endless uint8 batches of an in-memory split without tf.data (for augmentation on the device).
+
+    Same contract as :func:`pretrain_dataset` with ``augmenter=None, repeat=True``: a new permutation
+    every epoch (deterministic given ``seed``), ``drop_remainder``, ``x`` or ``(x, labels)``, the
+    first ``skip_batches`` batches skipped.
+    """
+    data = info.split(split)
+    if not data.in_memory:
+        raise DataError(f"{info.spec or info.name}: numpy_batches needs an in-memory split; "
+                        "streamed (tfds:) data needs tf.data (pretrain_dataset)")
+    n = data.num_examples
+    if n < batch_size:
+        raise DataError(f"{info.spec or info.name}: split {split!r} has {n} examples, fewer than "
+                        f"batch_size={batch_size}")
+    rng = np.random.default_rng(seed)
+    count = 0
+    while True:
+        order = rng.permutation(n) if shuffle else np.arange(n)
+        for start in range(0, n - batch_size + 1, batch_size):
+            count += 1
+            if count <= skip_batches:  # a resumed run: the same stream, from its step on
+                continue
+            idx = order[start:start + batch_size]
+            x = data.images[idx]
+            yield (x, data.labels[idx]) if with_labels else x
+
+
+def as_numpy(info: DatasetInfo, split: str, max_examples: Optional[int] = None
+             ) -> Tuple[np.ndarray, np.ndarray]:
+    """``(images uint8 [N, H, W, C], labels int64 [N])`` of a split, the first ``max_examples``.
+
+    In-memory splits return read-only views (no copy); streamed (tfds) splits are read whole, so
+    keep this to small data (kNN monitors, raw-pixel baselines).
+    """
+    data = info.split(split)
+    n = data.num_examples if max_examples is None else min(int(max_examples), data.num_examples)
+    if data.in_memory:
+        return data.images[:n], data.labels[:n]
+    images, labels = [], []
+    for x, y in data.dataset.take(n).batch(1024):
+        images.append(x.numpy())
+        labels.append(y.numpy())
+    if not images:
+        return np.zeros((0, *info.image_shape), np.uint8), np.zeros((0,), np.int64)
+    return np.concatenate(images), np.concatenate(labels).astype(np.int64)

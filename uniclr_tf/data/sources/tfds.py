@@ -1,0 +1,128 @@
+"""``tfds:NAME[:SPLIT]``: a TensorFlow Datasets image dataset, streamed from its TFRecords.
+
+``tensorflow_datasets`` is imported only when such a spec is loaded. The test split is ``test``,
+else ``validation``, else a held-out part of the train split.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from absl import logging
+
+from uniclr_tf.data.lazy_tf import AUTOTUNE, tf
+from uniclr_tf.data.sources.common import _HOLDOUT_FRACTION, _make_info, _resize_uint8
+from uniclr_tf.data.spec import DataError, Split, _parse_tfds_spec
+from uniclr_tf.data.stats import _channel_stats
+
+_TFDS_STATS_SAMPLE = 2_000  # images read for the per-channel mean / std (streamed data must be read to be measured)
+
+
+def _first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _load_tfds(spec, size, data_dir, max_examples):
+    """A TFDS image dataset, streamed; the test split is 'test', else 'validation', else held out."""
+    import tensorflow_datasets as tfds  # lazy: importing it costs time and most runs don't need it
+
+    name, split = _parse_tfds_spec(spec)
+    where = f"tfds:{name}"
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as e:
+        raise DataError(f"{where}: unknown TFDS dataset (catalog: https://www.tensorflow.org/datasets/catalog)") from e
+    except Exception as e:  # bad version, bad config, ...
+        raise DataError(f"{where}: cannot build the TFDS dataset: {_first_line(e)}") from e
+
+    features = builder.info.features
+    if "image" not in features.keys():
+        raise DataError(f"{where}: has no 'image' feature; features: {sorted(features.keys())}")
+    image_feature = features["image"]
+    shape = tuple(image_feature.shape)
+    dtype = tf.as_dtype(getattr(image_feature, "np_dtype", None) or image_feature.dtype)
+    if dtype != tf.uint8:
+        raise DataError(f"{where}: 'image' is {dtype.name}; expected uint8")
+    if len(shape) != 3:
+        raise DataError(f"{where}: 'image' has shape {shape}; expected (height, width, channels)")
+    channels = shape[2]
+    if channels not in (1, 2, 3, 4):
+        raise DataError(f"{where}: 'image' has {channels} channels; expected 1 or 3 (or 2 / 4 with alpha)")
+    out_channels = 1 if channels in (1, 2) else 3
+    if size is None and (shape[0] is None or shape[1] is None):
+        raise DataError(f"{where}: images vary in size (feature shape {shape}); pass image_size "
+                        "(--image_size) to resize them")
+    out_size = size or (shape[0], shape[1])
+
+    label_feature = features["label"] if "label" in features.keys() else None
+    if label_feature is not None and isinstance(label_feature, tfds.features.ClassLabel):
+        num_classes, class_names = label_feature.num_classes, tuple(label_feature.names)
+    else:
+        if label_feature is not None:
+            logging.warning("%s: 'label' is not a ClassLabel; treating the data as unlabelled", where)
+        label_feature, num_classes, class_names = None, None, None
+
+    try:
+        builder.download_and_prepare()
+    except Exception as e:
+        raise DataError(f"{where}: download/prepare failed: {_first_line(e)}") from e
+
+    known = set(builder.info.splits.keys())  # empty when TFDS is mocked (tfds.testing.mock_data)
+    train_split = split or "train"
+    base = re.split(r"[\[+]", train_split)[0]
+    if known and base not in known:
+        raise DataError(f"{where}: no split {base!r}; splits: {sorted(known)}")
+    test_split = None
+    if not known or "test" in known:
+        test_split = "test"
+    elif "validation" in known:
+        test_split = "validation"
+    elif re.fullmatch(r"[\w-]+", train_split):
+        test_split = f"{train_split}[{100 - int(100 * _HOLDOUT_FRACTION)}%:]"
+        train_split = f"{train_split}[:{100 - int(100 * _HOLDOUT_FRACTION)}%]"
+        logging.warning("%s: no test or validation split; holding out %s for test", where, test_split)
+    else:
+        logging.warning("%s: no test or validation split; the test split is empty", where)
+
+    def to_pair(example):
+        image = example["image"]
+        if channels in (2, 4):
+            image = image[..., :out_channels]  # drop alpha
+        if size is not None and tuple(shape[:2]) != tuple(size):
+            image = _resize_uint8(image, size)
+        image = tf.ensure_shape(image, (*out_size, out_channels))
+        label = (tf.cast(example["label"], tf.int64) if label_feature is not None
+                 else tf.constant(-1, tf.int64))
+        return image, label
+
+    def make_split(kind, tfds_split):
+        if tfds_split is None:
+            empty = tf.data.Dataset.from_tensor_slices(
+                (np.zeros((0, *out_size, out_channels), np.uint8), np.zeros((0,), np.int64)))
+            return Split(name=kind, num_examples=0, dataset=empty)
+        try:
+            ds = builder.as_dataset(split=tfds_split, shuffle_files=False)
+        except Exception as e:
+            raise DataError(f"{where}: cannot read split {tfds_split!r}: {_first_line(e)}") from e
+        count = int(ds.cardinality().numpy())
+        if count < 0:
+            try:
+                count = int(builder.info.splits[tfds_split].num_examples)
+            except Exception:  # noqa: BLE001 - unknown: count once
+                count = int(ds.reduce(np.int64(0), lambda n, _: n + 1).numpy())
+        if max_examples:
+            ds, count = ds.take(max_examples), min(count, max_examples)
+        ds = ds.map(to_pair, num_parallel_calls=AUTOTUNE)
+        return Split(name=kind, num_examples=count, dataset=ds)
+
+    train = make_split("train", train_split)
+    test = make_split("test", test_split)
+    if train.num_examples == 0:
+        raise DataError(f"{where}: split {train_split!r} is empty")
+    sample = train.dataset.take(_TFDS_STATS_SAMPLE).batch(256)
+    mean, std = _channel_stats((x.numpy() for x, _ in sample), out_channels)
+    return _make_info(name=name, spec=spec, train=train, test=test, num_classes=num_classes,
+                      class_names=class_names, mean=mean, std=std,
+                      image_shape=(*out_size, out_channels))

@@ -1,0 +1,119 @@
+"""Dataset specs, and what loading one gives.
+
+A spec names a dataset in one of :data:`SPEC_FORMS`; ``image_size`` arguments and
+``tfds:NAME[:VERSION][:SPLIT]`` specs are parsed here. :class:`DatasetInfo` (shapes, classes,
+per-channel statistics and the :class:`Split` objects) is what
+:func:`~uniclr_tf.data.sources.load_dataset` returns, and :class:`DataError` is the one-line error
+of missing, unknown or bad data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Mapping, Optional, Tuple
+
+import numpy as np
+
+from uniclr_tf.data.lazy_tf import tf
+
+#: The spec forms, for error messages and ``--help`` strings.
+SPEC_FORMS = ("fashion_mnist", "tfds:NAME[:SPLIT]", "folder:PATH")
+
+
+class DataError(ValueError):
+    """Bad or missing data; the message is one line naming the culprit (a path or a dataset)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Split:
+    """One split of a dataset: either in memory (``images``/``labels``) or streamed (``dataset``).
+
+    Attributes:
+      name: ``"train"`` or ``"test"``.
+      num_examples: number of examples (after ``max_examples`` and skipped files).
+      images: uint8 ``[N, H, W, C]`` (read-only) for in-memory splits, else None.
+      labels: int64 ``[N]`` (``-1`` when unlabelled, read-only) for in-memory splits, else None.
+      dataset: unbatched ``tf.data.Dataset`` of ``(image uint8 [H, W, C], label int64)`` for
+        streamed splits, else None.
+    """
+
+    name: str
+    num_examples: int
+    images: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
+    labels: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
+    dataset: Optional[tf.data.Dataset] = dataclasses.field(default=None, repr=False)
+
+    @property
+    def in_memory(self) -> bool:
+        """True when the split is held as NumPy arrays."""
+        return self.images is not None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DatasetInfo:
+    """What ``load_dataset`` found: the shapes, classes and statistics, and the splits.
+
+    Attributes:
+      name: short name (``fashion_mnist``, the TFDS name, or the folder's base name).
+      image_shape: ``(H, W, C)`` of every image after resizing, ``C`` in {1, 3}.
+      num_classes: number of classes, or None when the data is unlabelled.
+      num_train: examples in the train split.
+      num_test: examples in the test split (may be 0).
+      mean: per-channel mean in [0, 1] units (length ``C``).
+      std: per-channel standard deviation in [0, 1] units (length ``C``).
+      splits: ``{"train": Split, "test": Split}``.
+      spec: the spec string that was loaded.
+      class_names: class names in label order, or None.
+      num_skipped: bad files skipped (``folder:`` with ``skip_bad_files=True``), else 0.
+    """
+
+    name: str
+    image_shape: Tuple[int, int, int]
+    num_classes: Optional[int]
+    num_train: int
+    num_test: int
+    mean: Tuple[float, ...]
+    std: Tuple[float, ...]
+    splits: Mapping[str, Split] = dataclasses.field(repr=False)
+    spec: str = ""
+    class_names: Optional[Tuple[str, ...]] = None
+    num_skipped: int = 0
+
+    def split(self, name: str) -> Split:
+        """Returns the split called ``name``; a DataError lists the splits there are."""
+        if name not in self.splits:
+            raise DataError(f"{self.spec or self.name}: no split {name!r}; splits: {sorted(self.splits)}")
+        return self.splits[name]
+
+
+def _normalize_image_size(image_size):
+    """``None``, ``S`` or ``(H, W)`` -> ``None`` or ``(H, W)`` of positive ints."""
+    if image_size is None:
+        return None
+    if isinstance(image_size, (int, np.integer)):
+        size = (int(image_size), int(image_size))
+    else:
+        try:
+            size = tuple(int(s) for s in image_size)
+        except (TypeError, ValueError):
+            size = ()
+    if len(size) != 2 or min(size) < 1:
+        raise ValueError(f"image_size must be a positive int or (height, width); received {image_size!r}")
+    return size
+
+
+_VERSION_RE = re.compile(r"^(\d+\.\d+\.\d+|\d+\.\d+\.\*|\d+\.\*\.\*)(?::(.*))?$")
+
+
+def _parse_tfds_spec(spec):
+    """``tfds:NAME[:VERSION][:SPLIT]`` -> ``(name, split or None)``; the version stays on the name."""
+    rest = spec[len("tfds:"):]
+    name, _, split = rest.partition(":")
+    match = _VERSION_RE.match(split)
+    if split and match:
+        name, split = f"{name}:{match.group(1)}", match.group(2) or ""
+    if not name:
+        raise ValueError(f"dataset spec {spec!r} names no TFDS dataset; expected tfds:NAME[:SPLIT], "
+                         "e.g. tfds:cifar10 or tfds:imagenette/160px:train")
+    return name, split or None
