@@ -10,10 +10,14 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt
+# The pinned requirements.txt, then this package, editable and with --no-deps (the pins are the
+# environment; pyproject.toml only declares ranges), which adds the uniclr-train, uniclr-eval and
+# uniclr-export commands. setuptools >= 77 builds pyproject.toml's licence field, without a download.
+$(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip "setuptools>=77"
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 data: $(FMNIST)

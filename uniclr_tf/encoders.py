@@ -14,7 +14,7 @@ ENCODERS = ("resnet18", "resnet50", "tiny")
 
 
 def batch_norm(synchronized=False, name=None, **kwargs):
-    """BatchNormalization; ``synchronized`` makes MirroredStrategy match one device (STACK.md).
+    """BatchNormalization; ``synchronized`` makes MirroredStrategy match one device (docs/stack.md).
 
     Only the TF backend has (and needs) synchronized BN: under JAX ``DataParallel`` the arrays are
     global, so plain BN already normalises over the whole batch.
