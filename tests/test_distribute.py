@@ -146,3 +146,68 @@ def test_jax_data_parallel_on_two_host_devices(run_python):
     out = run_python(JAX_DP.format(cases=cases), backend="jax",
                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
     check(out, cases)
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_jax_two_processes_equal_one_process_with_two_devices_and_resume(tmp_path):
+    """The real train CLI as a JAX multi-controller job of 2 processes (1 CPU device each, gloo
+    collectives, each process feeding its half of every batch), stopped after 4 steps and resumed,
+    ends with the same history and weights as 1 process with 2 devices trained without a stop."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import h5py
+
+    from tests.conftest import REPO_ROOT
+
+    args = ["--flagfile=configs/quickstart.flags", "--method=simclr", "--encoder_width=8", "--projector_dims=64,32",
+            "--batch_size=64", "--max_examples=512", "--knn_max_train=512", "--warmup_epochs=0", "--epochs=2",
+            "--steps_per_epoch=3", "--knn_every=1", "--augment_on=device", "--strategy=data_parallel",
+            f"--run_dir={tmp_path}"]
+
+    def start(devices, *extra):
+        env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT),
+               "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+        return subprocess.Popen([sys.executable, "-m", "uniclr_tf.train", *args, *extra], cwd=REPO_ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def job(*extra):
+        port = _free_port()
+        procs = [start(1, "--run_name=two", "--num_processes=2", f"--process_id={i}",
+                       f"--coordinator_address=127.0.0.1:{port}", *extra) for i in range(2)]
+        outs = [p.communicate(timeout=600) for p in procs]
+        return [p.returncode for p in procs], outs
+
+    single = start(2, "--run_name=one")
+    out, err = single.communicate(timeout=600)
+    assert single.returncode == 0, err[-3000:]
+    codes, outs = job("--stop_after_steps=4")
+    assert codes == [75, 75], [o[1][-2000:] for o in outs]
+    codes, outs = job()
+    assert codes == [0, 0], [o[1][-2000:] for o in outs]
+    assert "resuming at epoch 2, step 4" in outs[0][0]
+
+    one, two = (json.loads((tmp_path / name / "history.json").read_text()) for name in ("one", "two"))
+    assert [e["epoch"] for e in two] == [1, 2]
+    # Epoch 1 ran before the stop; epoch 2's mean loss covers only the steps after the resume.
+    np.testing.assert_allclose(two[0]["loss"], one[0]["loss"], rtol=1e-5)
+    assert [e["knn_top1"] for e in two] == [e["knn_top1"] for e in one]
+
+    def arrays(path):
+        found = {}
+        with h5py.File(path, "r") as f:
+            f.visititems(lambda k, v: found.__setitem__(k, np.array(v)) if isinstance(v, h5py.Dataset) else None)
+        return found
+
+    a, b = arrays(tmp_path / "one" / "model.weights.h5"), arrays(tmp_path / "two" / "model.weights.h5")
+    assert a.keys() == b.keys() and len(a) > 20
+    for key in a:
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)

@@ -92,7 +92,10 @@ def snapshot(model):
     a read, which resource variables keep intact under later writes). :func:`to_host` fetches it."""
     variables = _variables(model)
     if keras.backend.backend() == "jax":
+        import jax
         import jax.numpy as jnp
+        if jax.process_count() > 1:  # a device copy of the job's arrays would need every process: fetch now
+            return list(zip((v.path for v in variables), jax.device_get([v.value for v in variables])))
         values = [jnp.array(v.value, copy=True) for v in variables]
     else:
         values = [v.value for v in variables]
@@ -151,8 +154,8 @@ class Writer:
     thread, one at a time; an error (a full disk, non-finite weights) is raised by the next call.
     ``wait`` blocks until the last write is on disk."""
 
-    def __init__(self, run_dir, method=None):
-        self.run_dir, self.method = run_dir, method
+    def __init__(self, run_dir, method=None, enabled=True):
+        self.run_dir, self.method, self.enabled = run_dir, method, enabled
         self._thread = None
         self._error = None
         self.last = latest(run_dir) if os.path.isdir(run_dir) else None
@@ -181,6 +184,8 @@ class Writer:
         return self._thread is not None and self._thread.is_alive()
 
     def submit(self, values, epoch, step, reason, background=True):
+        if not self.enabled:  # another process of a multi-process job writes the backups
+            return
         self.wait()
         if not background:
             self._run(values, epoch, step, reason)
@@ -291,8 +296,9 @@ class BackupCallback(keras.callbacks.Callback):
 
     def _backup(self, reason, background=True):
         p = self.progress
-        if p.step == p.initial_step or (self.writer.last is not None and self.writer.last["step"] == p.step):
-            return  # nothing new: no step yet in this invocation, or this step is backed up already
+        if (not self.writer.enabled or p.step == p.initial_step
+                or (self.writer.last is not None and self.writer.last["step"] == p.step)):
+            return  # not this process's job; no step yet in this invocation; or this step is backed up
         values = snapshot(self.model)  # self.model synchronises the state on JAX
         completed = p.step // p.steps_per_epoch
         self.writer.submit(values, completed, p.step, reason, background=background)

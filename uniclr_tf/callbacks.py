@@ -3,6 +3,7 @@
 None of them implements ``on_train_batch_end``: Keras then dispatches the per-step hook off the
 training thread instead of converting every step's logs to Python numbers (a device sync)."""
 
+import contextlib
 import math
 import os
 import time
@@ -22,8 +23,10 @@ class KNNMonitor(keras.callbacks.Callback):
     """
 
     def __init__(self, encoder, preprocess, train, test, num_classes, every=1, k=200, temperature=0.1,
-                 batch_size=2048):
+                 batch_size=2048, refresh=None, context=None):
         super().__init__()
+        self.refresh = refresh  # called before each evaluation (e.g. copies weights into a local encoder)
+        self.context = context or contextlib.nullcontext  # around each evaluation (e.g. local devices only)
         self.batch_size = batch_size  # large batches: fewer host round trips when extracting features
         self.encoder, self.preprocess = encoder, preprocess
         self.train, self.test, self.num_classes = train, test, num_classes
@@ -35,8 +38,11 @@ class KNNMonitor(keras.callbacks.Callback):
         if self.every <= 0 or (epoch + 1) % self.every:
             return
         start = time.perf_counter()
-        acc = knn_eval(self.encoder, self.preprocess, self.train, self.test, self.num_classes,
-                       self.k, self.temperature, batch_size=self.batch_size)
+        with self.context():
+            if self.refresh is not None:
+                self.refresh()
+            acc = knn_eval(self.encoder, self.preprocess, self.train, self.test, self.num_classes,
+                           self.k, self.temperature, batch_size=self.batch_size)
         seconds = time.perf_counter() - start
         self.seconds += seconds
         self.history.append({"epoch": epoch + 1, **acc})

@@ -88,13 +88,17 @@ class TrainConfig:
     run_name: str = ""  # empty: <method>-<dataset>
     export: bool = False
     # this invocation only (not part of the run: a resumed run may change them)
+    coordinator_address: str = ""  # JAX multi-controller: process 0's HOST:PORT
+    num_processes: int = 0  # 0: $KERAS_DISTRIBUTION_NUM_PROCESSES or 1
+    process_id: int = -1  # -1: $KERAS_DISTRIBUTION_PROCESS_ID
     overwrite: bool = False
     stop_after_steps: int = 0  # 0: no limit
     backup_every_minutes: float = 10.0
     verbose: int = 0  # 0: a progress bar on a terminal, one line per epoch otherwise
 
     # Fields that control one invocation, not the run: not in flags.txt, not compared on resume.
-    INVOCATION_FIELDS = ("run_dir", "export", "overwrite", "stop_after_steps", "backup_every_minutes", "verbose")
+    INVOCATION_FIELDS = ("run_dir", "export", "overwrite", "stop_after_steps", "backup_every_minutes", "verbose",
+                         "coordinator_address", "num_processes", "process_id")
 
     VIEW_FIELDS = ("global_scale", "local_scale", "flip_prob", "color_jitter", "color_jitter_prob",
                    "grayscale_prob", "blur_prob", "solarize_prob")
@@ -153,6 +157,11 @@ class TrainConfig:
         check(self.strategy != "tpu" or bool(self.tpu), "tpu", "a TPU name or address with --strategy=tpu")
         check(self.max_examples >= 0, "max_examples", "an integer >= 0")
         check(self.stop_after_steps >= 0, "stop_after_steps", "an integer >= 0 (0: no limit)")
+        check(self.num_processes >= 0, "num_processes", "an integer >= 0 (0: from the environment, else 1)")
+        check(self.num_processes <= 1 or self.strategy == "data_parallel", "num_processes",
+              "1 unless --strategy=data_parallel (JAX multi-controller)")
+        check(self.num_processes <= 1 or self.batch_size % self.num_processes == 0, "num_processes",
+              f"a divisor of --batch_size={self.batch_size} (each process feeds its share of every batch)")
         check(self.backup_every_minutes > 0, "backup_every_minutes", "a number of minutes > 0")
         check(self.verbose in (0, 1, 2), "verbose", "0 (auto), 1 (progress bar) or 2 (one line per epoch)")
         # The method validates its options (naming the flag) and the batch / embedding sizes.

@@ -4,7 +4,7 @@
 built. On the TF backend, ``default``/``mirrored``/``tpu`` are ``tf.distribute`` strategies; on
 the JAX backend, ``data_parallel`` (and ``mirrored``, its equivalent) sets
 ``keras.distribution.DataParallel`` over all local devices. ``keras.distribution.DataParallel`` on
-the TF backend silently does nothing (STACK.md), so asking for it there is an error.
+the TF backend silently does nothing (docs/stack.md), so asking for it there is an error.
 
 ``--strategy=tpu`` connects to the TPU (resolver, ``experimental_connect_to_cluster``,
 ``initialize_tpu_system``) in a worker thread and waits at most ``UNICLR_TPU_TIMEOUT_S`` seconds
@@ -25,6 +25,66 @@ DEFAULT_TPU_TIMEOUT_S = 60.0
 
 def num_replicas(strategy):
     return getattr(strategy, "num_replicas_in_sync", 1) if strategy is not None else 1
+
+
+ENV_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
+ENV_NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
+ENV_PROCESS_ID = "KERAS_DISTRIBUTION_PROCESS_ID"
+
+
+def initialize_processes(coordinator_address="", num_processes=0, process_id=-1):
+    """Joins a JAX multi-controller job (several processes, one per host or per GPU), before any JAX
+    computation; returns ``(process_id, num_processes)``, ``(0, 1)`` for a single process.
+
+    Each argument falls back to Keras's environment variables (``KERAS_DISTRIBUTION_JOB_ADDRESSES``,
+    ``..._NUM_PROCESSES``, ``..._PROCESS_ID``), which launchers such as SLURM scripts or Kubernetes
+    manifests set per process. Goes through ``keras.distribution.initialize`` (``jax.distributed``);
+    on CPU devices, collectives across processes use gloo.
+    """
+    num = int(num_processes or os.environ.get(ENV_NUM_PROCESSES) or 1)
+    if num <= 1:
+        return 0, 1
+    if keras.backend.backend() != "jax":
+        raise ValueError(f"--num_processes={num}: several processes are the JAX backend's multi-controller "
+                         "mode (KERAS_BACKEND=jax, --strategy=data_parallel); on TensorFlow use tf.distribute")
+    address = coordinator_address or os.environ.get(ENV_ADDRESSES, "")
+    pid = int(process_id) if process_id is not None and int(process_id) >= 0 else int(os.environ.get(ENV_PROCESS_ID, -1))
+    if not address or not 0 <= pid < num:
+        raise ValueError(f"--num_processes={num} needs --coordinator_address=HOST:PORT (process 0's) and "
+                         f"--process_id in [0, {num}) (or ${ENV_ADDRESSES} and ${ENV_PROCESS_ID}); "
+                         f"received {address!r} and {pid}")
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only; GPUs use NCCL
+    keras.distribution.initialize(job_addresses=address, num_processes=num, process_id=pid)
+    return jax.process_index(), jax.process_count()
+
+
+def barrier(name, num_processes):
+    """Waits until every process of a multi-controller job gets here (no-op for one process)."""
+    if num_processes > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
+@contextlib.contextmanager
+def local_only():
+    """Runs Keras computations on this process's default device, outside the job's distribution."""
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(distribution)
+
+
+def local_copy(model):
+    """A copy of ``model`` whose variables live on this process's default device only (outside the
+    job's distribution), for work one process does alone (the kNN monitor). Refresh its weights
+    with ``copy.set_weights(model.get_weights())``; the job's replicated weights read on any process."""
+    with local_only():
+        copy = keras.models.clone_model(model)
+        copy.set_weights(model.get_weights())
+    return copy
 
 
 def make_strategy(name="default", tpu=""):

@@ -15,6 +15,7 @@ folder holding a run with other flags is refused (``--overwrite`` starts over). 
 finished, 1 error or divergence, 75 stopped by ``--stop_after_steps``, 128 + N stopped by signal N.
 """
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -77,6 +78,9 @@ HELP = {
     "run_dir": "Parent folder of run folders.",
     "run_name": "Run folder name (empty: <method>-<dataset>-<timestamp>).",
     "export": "Export a SavedModel of the encoder into <run>/export at the end (TF backend).",
+    "coordinator_address": "JAX multi-controller job: process 0's HOST:PORT (else $KERAS_DISTRIBUTION_JOB_ADDRESSES).",
+    "num_processes": "JAX multi-controller job: number of processes (0: $KERAS_DISTRIBUTION_NUM_PROCESSES or 1).",
+    "process_id": "JAX multi-controller job: this process's index (-1: $KERAS_DISTRIBUTION_PROCESS_ID).",
     "overwrite": "Start the run again in a run folder that holds one (its files are removed first).",
     "stop_after_steps": "Stop after this many steps of this invocation with a backup, as a preempted job would "
                         "(exit code 75); rerunning the same command continues. 0: no limit.",
@@ -225,10 +229,15 @@ def run(cfg):
     if cfg.export and keras.backend.backend() != "tensorflow":
         raise ValueError("--export writes a TF SavedModel and needs KERAS_BACKEND=tensorflow; train under "
                          f"{keras.backend.backend()!r}, then run `python -m uniclr_tf.export` with the TF backend")
+    # A multi-controller job (several JAX processes) is joined before any JAX computation.
+    process_id, num_processes = distribute.initialize_processes(cfg.coordinator_address, cfg.num_processes,
+                                                                cfg.process_id)
+    chief = process_id == 0  # the one process that writes the run folder and evaluates
     keras.utils.set_random_seed(cfg.seed)
     cfg = cfg.resolved()  # the method's defaults written out: flags.txt replays the same run
     method = cfg.build_method()
-    check_writable(cfg.run_dir)
+    if chief:
+        check_writable(cfg.run_dir)
 
     info = data.load_dataset(cfg.dataset, image_size=cfg.image_size or None, data_dir=cfg.data_dir or None,
                              skip_bad_files=cfg.skip_bad_files, max_examples=cfg.max_examples or None)
@@ -236,10 +245,23 @@ def run(cfg):
     num_train = min(info.num_train, cfg.max_examples or info.num_train)
     steps_per_epoch = cfg.steps_per_epoch or max(num_train // cfg.batch_size, 1)
     cfg = dataclasses.replace(cfg, steps_per_epoch=steps_per_epoch)
+    if cfg.precision != "float32":
+        keras.mixed_precision.set_global_policy(f"mixed_{cfg.precision}")
+    # The distribution first: every variable (the augmenter's random state too) is created under it.
+    strategy = distribute.make_strategy(cfg.strategy, cfg.tpu)
+    replicas = distribute.num_replicas(strategy)
     augmenter = build_augmenter(cfg, info, method)
 
     run_dir = run_path(cfg)
-    status, found = prepare_run_folder(cfg, run_dir)
+    # Process 0 decides (and may --overwrite) and writes the run's files; then the others read the
+    # same folder (shared storage) and reach the same decision.
+    if chief:
+        status, found = prepare_run_folder(cfg, run_dir)
+        if status != "finished":
+            _write_run_files(run_dir, cfg, augmenter, info, size)
+    distribute.barrier("run folder prepared", num_processes)
+    if not chief:
+        status, found = prepare_run_folder(dataclasses.replace(cfg, overwrite=False), run_dir)
     if status == "finished":
         print(f"run folder {run_dir}: this run already finished ({found.get('epochs')} epochs); its results are in "
               f"{os.path.join(run_dir, 'metrics.json')}. Pass --overwrite to train it again.")
@@ -247,19 +269,8 @@ def run(cfg):
     state = found if status == "resume" else None
     initial_step = state["step"] if state else 0
     completed_epochs = state["epoch"] if state else 0
-    os.makedirs(run_dir, exist_ok=True)
-    runs.atomic_write_text(os.path.join(run_dir, "flags.txt"), cfg.to_flagfile())
-    runs.atomic_write_json(os.path.join(run_dir, "config.json"),
-                           {**cfg.to_dict(), "views": json.loads(json.dumps(augmenter.get_config(), default=str))})
-    runs.atomic_write_json(os.path.join(run_dir, "dataset.json"),
-                           {"dataset": cfg.dataset, "image_shape": [size, size, info.image_shape[-1]],
-                            "num_classes": info.num_classes, "mean": list(map(float, info.mean)),
-                            "std": list(map(float, info.std)), "num_train": info.num_train})
 
-    if cfg.precision != "float32":
-        keras.mixed_precision.set_global_policy(f"mixed_{cfg.precision}")
-    strategy = distribute.make_strategy(cfg.strategy, cfg.tpu)
-    replicas = distribute.num_replicas(strategy)
+
     if cfg.batch_size % replicas:
         raise ValueError(f"--batch_size={cfg.batch_size} must be divisible by the {replicas} replicas")
     if replicas > 1 and not cfg.gather_across_replicas:  # each replica's loss sees its own rows only
@@ -271,10 +282,10 @@ def run(cfg):
         if data.have_tensorflow():
             return data.pretrain_dataset(info, cfg.batch_size, augmenter if cfg.augment_on == "host" else None,
                                          shuffle=True, seed=cfg.seed, repeat=True, with_labels=labelled,
-                                         skip_batches=skip)
+                                         skip_batches=skip)  # Keras shards tf.data over processes itself
         if cfg.augment_on == "device":  # e.g. the JAX-only GPU machine: in-memory uint8 batches
             return data.numpy_batches(info, cfg.batch_size, shuffle=True, seed=cfg.seed, with_labels=labelled,
-                                      skip_batches=skip)
+                                      skip_batches=skip, shard=(process_id, num_processes))
         raise ValueError("--augment_on=host uses tf.data, and TensorFlow is not installed here; "
                          "use --augment_on=device")
 
@@ -293,23 +304,29 @@ def run(cfg):
     preprocess = EvalPreprocess(size, info.mean, info.std)
     callbacks = []
     knn_train = knn_test = raw = knn = None
-    if info.num_classes:
+    # The evaluations run on process 0 alone; in a multi-process job, on a local copy of the encoder
+    # (the job's arrays span every process, so a computation on them needs every process).
+    eval_encoder = model.encoder if num_processes == 1 else distribute.local_copy(model.encoder)
+    refresh = None if num_processes == 1 else (lambda: eval_encoder.set_weights(model.encoder.get_weights()))
+    local = contextlib.nullcontext if num_processes == 1 else distribute.local_only
+    if info.num_classes and chief:
         knn_train = data.as_numpy(info, "train", max_examples=cfg.knn_max_train or None)
         knn_test = data.as_numpy(info, "test")
         raw = raw_pixel_knn(knn_train, knn_test, info.num_classes, cfg.knn_k, cfg.knn_temperature)
-        knn = KNNMonitor(model.encoder, preprocess, knn_train, knn_test, info.num_classes, every=cfg.knn_every,
-                         k=cfg.knn_k, temperature=cfg.knn_temperature)
+        knn = KNNMonitor(eval_encoder, preprocess, knn_train, knn_test, info.num_classes, every=cfg.knn_every,
+                         k=cfg.knn_k, temperature=cfg.knn_temperature, refresh=refresh, context=local)
         callbacks.append(knn)
     history = HistoryRecorder(run_dir, title=f"{cfg.method} · {os.path.basename(run_dir)} · {cfg.dataset}",
                               reference={"raw-pixel kNN top-1": raw["top1"]} if raw else None,
-                              epochs=_read_history(run_dir, completed_epochs))
-    writer = backup.Writer(run_dir, method=cfg.method)
+                              epochs=_read_history(run_dir, completed_epochs) if chief else ())
+    writer = backup.Writer(run_dir, method=cfg.method, enabled=chief)
     with backup.Interrupts() as interrupts:
         saver = backup.BackupCallback(writer, progress, every_s=60.0 * cfg.backup_every_minutes,
                                       stop_after_steps=cfg.stop_after_steps, interrupts=interrupts,
                                       method=cfg.method)
-        callbacks += [history, CollapseWarning(int(cfg.projector_dims[-1]))]
-        if data.have_tensorflow():  # Keras's TensorBoard callback writes through tf.summary
+        if chief:
+            callbacks += [history, CollapseWarning(int(cfg.projector_dims[-1]))]
+        if data.have_tensorflow() and chief:  # Keras's TensorBoard callback writes through tf.summary
             callbacks.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tb"), update_freq="epoch"))
         callbacks.append(saver)  # last: it backs up what the others have written for the epoch
         verbose = cfg.verbose or (1 if sys.stdout.isatty() else 2)
@@ -334,7 +351,8 @@ def run(cfg):
             writer.wait()  # the last backup is on disk (and was finite)
         except backup.StopTraining as e:  # between two steps, after a backup
             stopped = e.reason
-            history.write()
+            if chief:
+                history.write()
         except backup.TrainingDiverged as e:
             _record_failure(run_dir, cfg, "diverged", str(e), progress)
             raise
@@ -349,27 +367,35 @@ def run(cfg):
             writer.wait(raise_error=False)
         train_seconds = time.perf_counter() - start
 
+    # Saving a model of a multi-process job is collective (every process calls it, in the same
+    # order; each writes its own temporary file and the identical results are renamed into place).
     if stopped is not None:
+        code = backup.EXIT_PAUSED if stopped == "stop_after_steps" else 128 + int(interrupts.signal or 15)
         # The folder stays usable: export and linear_eval read the encoder of the backed-up weights.
         runs.atomic_save(os.path.join(run_dir, "encoder.keras"), model.encoder.save)
         runs.atomic_save(os.path.join(run_dir, "projector.keras"), model.projector.save)
-        last = writer.last
-        _record_failure(run_dir, cfg, "interrupted", stopped, progress)
-        code = backup.EXIT_PAUSED if stopped == "stop_after_steps" else 128 + int(interrupts.signal or 15)
+        if chief:
+            _record_failure(run_dir, cfg, "interrupted", stopped, progress)
+        last = writer.last or {"epoch": progress.step // steps_per_epoch, "step": progress.step}
         raise backup.TrainingStopped(
             f"stopped at epoch {last['epoch'] + 1}, step {last['step']} ({stopped}); backup saved in "
             f"{os.path.join(run_dir, backup.BACKUP_DIR)}. Rerun the same command to resume.", code)
-
     runs.atomic_save(os.path.join(run_dir, "encoder.keras"), model.encoder.save)
     runs.atomic_save(os.path.join(run_dir, "projector.keras"), model.projector.save)
     runs.atomic_save(os.path.join(run_dir, "model.weights.h5"), model.save_weights)
+    if not chief:
+        distribute.barrier("run finished", num_processes)
+        return run_dir, {"status": "finished", "process_id": process_id}
     metrics = {"status": "finished", "method": cfg.method, "epochs": cfg.epochs,
                "steps": cfg.epochs * steps_per_epoch,
                "final_loss": history.epochs[-1].get("loss") if history.epochs else None,
                "seconds": {"this_invocation": train_seconds, "knn_monitor": knn.seconds if knn else 0.0}}
     if info.num_classes:
-        ssl = knn_eval(model.encoder, preprocess, knn_train, knn_test, info.num_classes, cfg.knn_k, cfg.knn_temperature,
-                       batch_size=2048)
+        with local():
+            if refresh:
+                refresh()
+            ssl = knn_eval(eval_encoder, preprocess, knn_train, knn_test, info.num_classes, cfg.knn_k,
+                           cfg.knn_temperature, batch_size=2048)
         metrics.update(knn_top1=ssl["top1"], knn_top5=ssl["top5"], raw_pixel_knn_top1=raw["top1"],
                        raw_pixel_knn_top5=raw["top5"], knn_memory_bank=len(knn_train[0]), knn_test=len(knn_test[0]))
         print(f"kNN top-1 (k={cfg.knn_k}, T={cfg.knn_temperature}) on the test split: {ssl['top1']:.4f} | "
@@ -378,7 +404,21 @@ def run(cfg):
     if cfg.export:
         from uniclr_tf.export import export_run
         export_run(run_dir, os.path.join(run_dir, "export"), overwrite=True)
+    distribute.barrier("run finished", num_processes)
     return run_dir, metrics
+
+
+def _write_run_files(run_dir, cfg, augmenter, info, size):
+    """``flags.txt`` (replayable), ``config.json`` (with the view recipe used) and ``dataset.json``."""
+    from uniclr_tf import runs
+    os.makedirs(run_dir, exist_ok=True)
+    runs.atomic_write_text(os.path.join(run_dir, "flags.txt"), cfg.to_flagfile())
+    runs.atomic_write_json(os.path.join(run_dir, "config.json"),
+                           {**cfg.to_dict(), "views": json.loads(json.dumps(augmenter.get_config(), default=str))})
+    runs.atomic_write_json(os.path.join(run_dir, "dataset.json"),
+                           {"dataset": cfg.dataset, "image_shape": [size, size, info.image_shape[-1]],
+                            "num_classes": info.num_classes, "mean": list(map(float, info.mean)),
+                            "std": list(map(float, info.std)), "num_train": info.num_train})
 
 
 def _record_failure(run_dir, cfg, status, reason, progress):
@@ -426,7 +466,13 @@ def entry_point():
             main_module.__doc__ = __doc__
         for flag in flags.FLAGS.get_key_flags_for_module(__name__):
             flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(main)
+    try:
+        app.run(main)
+    except SystemExit as e:  # absl exits 1 after printing --help / --helpfull: asking for help succeeds
+        asked = any(a.lstrip("-").split("=")[0] in ("help", "?", "helpshort", "helpfull") for a in sys.argv[1:])
+        if e.code == 1 and asked and not flags.FLAGS.is_parsed():
+            sys.exit(0)
+        raise
 
 
 if __name__ == "__main__":

@@ -116,13 +116,25 @@ def eval_dataset(info: DatasetInfo, split: str, batch_size: int,
     return ds.prefetch(AUTOTUNE)
 
 
+def _shard_rows(batch_size, shard):
+    index, count = shard
+    if batch_size % count or not 0 <= index < count:
+        raise ValueError(f"shard={shard}: the batch of {batch_size} must split evenly over {count} processes")
+    per = batch_size // count
+    return index * per, (index + 1) * per
+
+
 def numpy_batches(info: DatasetInfo, batch_size: int, shuffle: bool = True, seed: int = 0,
-                  split: str = "train", with_labels: bool = False, skip_batches: int = 0):
+                  split: str = "train", with_labels: bool = False, skip_batches: int = 0,
+                  shard: Tuple[int, int] = (0, 1)):
     """Endless uint8 batches of an in-memory split without tf.data (for augmentation on the device).
 
     Same contract as :func:`pretrain_dataset` with ``augmenter=None, repeat=True``: a new permutation
     every epoch (deterministic given ``seed``), ``drop_remainder``, ``x`` or ``(x, labels)``, the
-    first ``skip_batches`` batches skipped.
+    first ``skip_batches`` batches skipped. ``shard=(index, count)``: this process's rows of every
+    batch, ``batch_size / count`` contiguous rows, for a JAX multi-process job (every process runs
+    the same stream; Keras assembles the global batch in process order). A ``tf.data`` dataset needs
+    no such option: Keras's ``DataParallel`` shards it over the processes itself (rebatch + shard).
     """
     data = info.split(split)
     if not data.in_memory:
@@ -141,6 +153,9 @@ def numpy_batches(info: DatasetInfo, batch_size: int, shuffle: bool = True, seed
             if count <= skip_batches:  # a resumed run: the same stream, from its step on
                 continue
             idx = order[start:start + batch_size]
+            if shard[1] > 1:
+                lo, hi = _shard_rows(batch_size, shard)
+                idx = idx[lo:hi]
             x = data.images[idx]
             yield (x, data.labels[idx]) if with_labels else x
 
