@@ -170,7 +170,7 @@ def test_jax_two_processes_equal_one_process_with_two_devices_and_resume(tmp_pat
 
     args = ["--flagfile=configs/quickstart.flags", "--method=simclr", "--encoder_width=8", "--projector_dims=64,32",
             "--batch_size=64", "--max_examples=512", "--knn_max_train=512", "--warmup_epochs=0", "--epochs=2",
-            "--steps_per_epoch=3", "--knn_every=1", "--augment_on=device", "--strategy=data_parallel",
+            "--steps_per_epoch=3", "--knn_every=1", "--augment_on=device", "--strategy=data_parallel", "--nopictures",
             f"--run_dir={tmp_path}"]
 
     def start(devices, *extra):

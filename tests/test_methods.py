@@ -180,7 +180,7 @@ from uniclr_tf.config import TrainConfig
 for name in __NAMES__:
     cfg = TrainConfig.make(method=name, encoder="tiny", encoder_width=4, projector_dims=(32, 16), predictor_hidden=16,
                            batch_size=32, epochs=2, steps_per_epoch=2, warmup_epochs=0, max_examples=256,
-                           knn_every=2, knn_max_train=256, run_dir=__TMP__, run_name=name,
+                           knn_every=2, knn_max_train=256, run_dir=__TMP__, run_name=name, pictures=False,
                            **({"queue_size": 64} if name in ("moco_v2", "co2") else {}))
     run_dir, _ = train.run(cfg)
     # Export: the SavedModel (inference-mode BN) must reproduce the Keras encoder + projector.

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 TINY = ["--flagfile=configs/quickstart.flags", "--encoder_width=8", "--projector_dims=64,32", "--batch_size=64",
-        "--max_examples=512", "--knn_max_train=512", "--warmup_epochs=0"]
+        "--max_examples=512", "--knn_max_train=512", "--warmup_epochs=0", "--nopictures"]
 
 
 def cli(*args, backend="tensorflow", env=None):

@@ -25,12 +25,14 @@ def test_cli_trains_every_trick_and_reports_knn(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "cli"
     for name in ("flags.txt", "config.json", "dataset.json", "metrics.json", "history.json", "curves.png",
+                 "views.png", "neighbours.png", "embedding.png",
                  "encoder.keras", "model.weights.h5", "log.csv", "backup/state.json"):
         assert (run / name).exists(), name
     assert any((run / "tb").rglob("*tfevents*"))
     metrics = json.loads((run / "metrics.json").read_text())
     assert 0.0 < metrics["knn_top1"] <= 1.0 and 0.0 < metrics["raw_pixel_knn_top1"] <= 1.0
     assert "kNN top-1" in proc.stdout and "raw-pixel kNN baseline" in proc.stdout
+    assert "pictures: " in proc.stdout and "views.png" in proc.stdout  # where the pictures are
     history = json.loads((run / "history.json").read_text())
     assert len(history) == 2
     for key in ("knn_top1", "probe_accuracy", "ema_momentum", "objective_loss"):

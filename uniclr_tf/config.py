@@ -95,10 +95,11 @@ class TrainConfig:
     stop_after_steps: int = 0  # 0: no limit
     backup_every_minutes: float = 10.0
     verbose: int = 0  # 0: a progress bar on a terminal, one line per epoch otherwise
+    pictures: bool = True  # views.png, neighbours.png, embedding.png (+ TensorBoard) at the end
 
     # Fields that control one invocation, not the run: not in flags.txt, not compared on resume.
     INVOCATION_FIELDS = ("run_dir", "export", "overwrite", "stop_after_steps", "backup_every_minutes", "verbose",
-                         "coordinator_address", "num_processes", "process_id")
+                         "coordinator_address", "num_processes", "process_id", "pictures")
 
     VIEW_FIELDS = ("global_scale", "local_scale", "flip_prob", "color_jitter", "color_jitter_prob",
                    "grayscale_prob", "blur_prob", "solarize_prob")

@@ -82,6 +82,8 @@ HELP = {
     "num_processes": "JAX multi-controller job: number of processes (0: $KERAS_DISTRIBUTION_NUM_PROCESSES or 1).",
     "process_id": "JAX multi-controller job: this process's index (-1: $KERAS_DISTRIBUTION_PROCESS_ID).",
     "overwrite": "Start the run again in a run folder that holds one (its files are removed first).",
+    "pictures": "At the end, write views.png (augmented views), neighbours.png (nearest training images of test "
+                "images in feature space) and embedding.png (t-SNE map), and the same to TensorBoard.",
     "stop_after_steps": "Stop after this many steps of this invocation with a backup, as a preempted job would "
                         "(exit code 75); rerunning the same command continues. 0: no limit.",
     "backup_every_minutes": "Back up (in the background) at least this often, besides every epoch end.",
@@ -250,6 +252,8 @@ def run(cfg):
     # The distribution first: every variable (the augmenter's random state too) is created under it.
     strategy = distribute.make_strategy(cfg.strategy, cfg.tpu)
     replicas = distribute.num_replicas(strategy)
+    if num_processes > 1 and not data.have_tensorflow():  # numpy_batches shards itself (shard=...)
+        keras.distribution.distribution().auto_shard_dataset = False
     augmenter = build_augmenter(cfg, info, method)
 
     run_dir = run_path(cfg)
@@ -400,6 +404,17 @@ def run(cfg):
                        raw_pixel_knn_top5=raw["top5"], knn_memory_bank=len(knn_train[0]), knn_test=len(knn_test[0]))
         print(f"kNN top-1 (k={cfg.knn_k}, T={cfg.knn_temperature}) on the test split: {ssl['top1']:.4f} | "
               f"raw-pixel kNN baseline: {raw['top1']:.4f}")
+    if cfg.pictures:
+        from uniclr_tf import pictures
+        train_images = knn_train if knn_train is not None else data.as_numpy(info, "train", max_examples=10000)
+        test_images = knn_test if knn_test is not None else data.as_numpy(info, "test", max_examples=2000)
+        with local():
+            drawn = pictures.write_run_pictures(
+                run_dir, eval_encoder, preprocess, augmenter, train_images, test_images,
+                class_names=pictures.FASHION_MNIST_CLASSES if cfg.dataset == "fashion_mnist" else None,
+                tensorboard=data.have_tensorflow())
+        metrics["pictures"] = {k: os.path.basename(v) for k, v in drawn.items()}
+        print("pictures: " + "  ".join(v for k, v in drawn.items() if k in ("views", "neighbours", "embedding")))
     runs.atomic_write_json(os.path.join(run_dir, "metrics.json"), metrics)
     if cfg.export:
         from uniclr_tf.export import export_run
