@@ -138,6 +138,7 @@ def plot_curves(epochs, path, title="", reference=None):
         return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     keys = [k for k in dict.fromkeys(k for e in epochs for k in e) if k != "epoch" and not k.endswith("_seconds")]
     acc_keys = [k for k in keys if "top" in k or "accuracy" in k]
@@ -156,6 +157,7 @@ def plot_curves(epochs, path, title="", reference=None):
             for label, value in (reference or {}).items():
                 ax.axhline(value, color="grey", linestyle="--", label=label)
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
         ax.set_title(name)
         if ax.get_legend_handles_labels()[0]:

@@ -7,8 +7,9 @@ None, meaning "not given".
 """
 
 import dataclasses
+import sys
 
-from absl import flags
+from absl import app, flags
 
 _DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string}
 
@@ -69,3 +70,22 @@ def config_values(config_cls, flag_values=None, skip=()):
 def config_from_flags(config_cls, flag_values=None):
     """Builds ``config_cls`` from the parsed flags."""
     return config_cls(**config_values(config_cls, flag_values))
+
+
+def run_cli(module_name, doc, main):
+    """Runs ``main`` with absl, as the ``python -m`` form and the console scripts of pyproject.toml do
+    (the flags must be defined already). Under a console script, ``--help`` shows the module's
+    docstring and flags as ``python -m`` does; asking for help exits 0 (absl exits 1)."""
+    if module_name != "__main__":
+        main_module = sys.modules["__main__"]
+        if not getattr(main_module, "__doc__", None):
+            main_module.__doc__ = doc
+        for flag in flags.FLAGS.get_key_flags_for_module(module_name):
+            flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    try:
+        app.run(main)
+    except SystemExit as e:
+        asked = any(a.lstrip("-").split("=")[0] in ("help", "?", "helpshort", "helpfull") for a in sys.argv[1:])
+        if e.code == 1 and asked and not flags.FLAGS.is_parsed():
+            sys.exit(0)
+        raise

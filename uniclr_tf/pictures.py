@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 
+from uniclr_tf.evaluation import _to_numpy
 from uniclr_tf.runs import atomic_save
 
 __all__ = [
@@ -66,12 +67,6 @@ fraction of shown neighbours of the query's class (None without labels)."""
 # --------------------------------------------------------------------------------------------
 
 
-def _to_numpy(x):
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "numpy"):  # eager TF tensors
-        return x.numpy()
-    return np.asarray(x)
 
 
 def _figure(figsize):

@@ -474,20 +474,9 @@ def main(argv):
 
 def entry_point():
     """The ``uniclr-train`` console script (pyproject.toml): what ``python -m uniclr_tf.train`` does."""
+    from uniclr_tf import flagutil
     define_flags()
-    if __name__ != "__main__":  # console script: let --help show this module's docstring and flags
-        main_module = sys.modules["__main__"]
-        if not getattr(main_module, "__doc__", None):
-            main_module.__doc__ = __doc__
-        for flag in flags.FLAGS.get_key_flags_for_module(__name__):
-            flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    try:
-        app.run(main)
-    except SystemExit as e:  # absl exits 1 after printing --help / --helpfull: asking for help succeeds
-        asked = any(a.lstrip("-").split("=")[0] in ("help", "?", "helpshort", "helpfull") for a in sys.argv[1:])
-        if e.code == 1 and asked and not flags.FLAGS.is_parsed():
-            sys.exit(0)
-        raise
+    flagutil.run_cli(__name__, __doc__, main)
 
 
 if __name__ == "__main__":
