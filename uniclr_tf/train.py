@@ -252,6 +252,10 @@ def run(cfg):
     # The distribution first: every variable (the augmenter's random state too) is created under it.
     strategy = distribute.make_strategy(cfg.strategy, cfg.tpu)
     replicas = distribute.num_replicas(strategy)
+    if cfg.batch_size % replicas:
+        raise ValueError(f"--batch_size={cfg.batch_size} must be divisible by the {replicas} replicas")
+    if replicas > 1 and not cfg.gather_across_replicas:  # each replica's loss sees its own rows only
+        method.check_setup(cfg.batch_size // replicas, int(cfg.projector_dims[-1]))
     if num_processes > 1 and not data.have_tensorflow():  # numpy_batches shards itself (shard=...)
         keras.distribution.distribution().auto_shard_dataset = False
     augmenter = build_augmenter(cfg, info, method)
@@ -273,12 +277,6 @@ def run(cfg):
     state = found if status == "resume" else None
     initial_step = state["step"] if state else 0
     completed_epochs = state["epoch"] if state else 0
-
-
-    if cfg.batch_size % replicas:
-        raise ValueError(f"--batch_size={cfg.batch_size} must be divisible by the {replicas} replicas")
-    if replicas > 1 and not cfg.gather_across_replicas:  # each replica's loss sees its own rows only
-        method.check_setup(cfg.batch_size // replicas, int(cfg.projector_dims[-1]))
     labelled = bool(info.num_classes) and cfg.online_probe
 
     def train_data(skip):
