@@ -18,6 +18,8 @@ Reports the wall-clock of the run, the training wall-clock from the end of the f
 excluded), images/s over it, and the kNN accuracies.
 
     python benchmarks/torch_gpu_peer.py --epochs 100 --knn_every 25 --out peer.json
+
+(The network is ``torch_peer``'s: ResNet-18 with the CIFAR stem and the 2048-2048-256 projector.)
 """
 
 import argparse
@@ -30,9 +32,13 @@ import time
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
+
+try:  # the same network as the DataLoader peer (python -m benchmarks.torch_gpu_peer, or run from benchmarks/)
+    from benchmarks.torch_peer import projector, resnet18_cifar
+except ImportError:
+    from torch_peer import projector, resnet18_cifar
 
 
 def load_fashion_mnist(folder):
@@ -44,23 +50,6 @@ def load_fashion_mnist(folder):
     xt = read("t10k-images-idx3-ubyte.gz", 16, (-1, 1, 28, 28))
     yt = read("t10k-labels-idx1-ubyte.gz", 8, (-1,))
     return x, y, xt, yt
-
-
-def resnet18_cifar(channels):
-    net = torchvision.models.resnet18(num_classes=10)
-    net.conv1 = nn.Conv2d(channels, 64, 3, 1, 1, bias=False)
-    net.maxpool = nn.Identity()
-    net.fc = nn.Identity()
-    return net
-
-
-def projector(dims=(2048, 2048, 256), in_dim=512):
-    layers, d = [], in_dim
-    for h in dims[:-1]:
-        layers += [nn.Linear(d, h, bias=False), nn.BatchNorm1d(h), nn.ReLU(inplace=True)]
-        d = h
-    layers += [nn.Linear(d, dims[-1], bias=False), nn.BatchNorm1d(dims[-1], affine=False)]
-    return nn.Sequential(*layers)
 
 
 def augment(x, mean, std, scale=(0.2, 1.0), ratio=(3 / 4, 4 / 3), jitter=0.4, p_jitter=0.8):
