@@ -8,7 +8,7 @@ every repetition ends by waiting for the device, so asynchronous dispatch is cou
 
 * (a) ``a_model_only``: the compiled train step alone, on device-resident, already augmented views
   (a few batches rotated, so no input cost at all). The model is ``train.build_model`` +
-  ``train.build_optimizer`` (LARS) under the ``--precision`` policy, the real training model.
+  ``train.build_optimizer`` (``--optimizer``, LARS by default) under the ``--precision`` policy, the real training model.
 * (b) ``b_host_aug``: end to end with the views made on the host. TensorFlow backend:
   ``data.pretrain_dataset`` with the ``ViewAugmenter`` mapped in tf.data (exactly what
   ``train --augment_on=host`` runs). JAX backend (no TensorFlow on the GPU machine): the same
@@ -78,6 +78,7 @@ def define_flags():
     flags.DEFINE_integer("whitening_groups", 1, "Feature groups of the step's whitening (1: the paper's full whitening).")
     flags.DEFINE_bool("stop_gradient_cov", False, "Stop the gradient through the step's whitening statistics.")
     flags.DEFINE_integer("batch_size", 512, "Images per step (each gives two views).")
+    flags.DEFINE_enum("optimizer", "lars", ["lars", "sgd", "adamw"], "Optimizer of the step (train's --optimizer).")
     flags.DEFINE_enum("precision", "bfloat16", ["float32", "bfloat16", "float16"], "Mixed-precision policy.")
     flags.DEFINE_list("sections", list(SECTIONS), "Sections to run: a (model only), b (host aug), c (device aug), d (objective).")
     flags.DEFINE_integer("warmup_steps", 3, "Untimed steps after compilation.")
@@ -206,7 +207,7 @@ def build_training_model(shape, mean, std):
                                  ("whitening_groups", FLAGS.whitening_groups)) if k in takes}
     cfg = TrainConfig.make(encoder=FLAGS.encoder, encoder_width=FLAGS.encoder_width,
                       projector_dims=tuple(_ints(FLAGS.projector_dims)), method=FLAGS.objective, **options,
-                      batch_size=FLAGS.batch_size,
+                      batch_size=FLAGS.batch_size, optimizer=FLAGS.optimizer,
                       precision=FLAGS.precision, seed=FLAGS.seed, online_probe=False,
                       augment_on="device", epochs=100, warmup_epochs=10)
     keras.utils.set_random_seed(cfg.seed)

@@ -1,4 +1,5 @@
-"""Training callbacks: the kNN monitor, the history / log / curves recorder and a collapse warning.
+"""Training callbacks: the kNN monitor, the history / log / curves recorder, a step clock and a
+collapse warning.
 
 None of them implements ``on_train_batch_end``: Keras then dispatches the per-step hook off the
 training thread instead of converting every step's logs to Python numbers (a device sync)."""
@@ -6,6 +7,7 @@ training thread instead of converting every step's logs to Python numbers (a dev
 import contextlib
 import math
 import os
+import threading
 import time
 
 import keras
@@ -52,6 +54,35 @@ class KNNMonitor(keras.callbacks.Callback):
         print(f"epoch {epoch + 1}: kNN top-1 {acc['top1']:.4f}  top-5 {acc['top5']:.4f}", flush=True)
 
 
+class StepClock(keras.callbacks.Callback):
+    """Adds ``step_seconds`` to each epoch's logs: the wall-clock from the epoch's start to the end
+    of its last step (Keras has fetched the step's results by then). Put it first, so no other
+    callback's epoch-end work counts; the rest of an epoch's wall-clock is spent outside the steps
+    (the kNN monitor, backups, history, the first step's compile is inside the first epoch)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and hasattr(self, "_start"):
+            logs["step_seconds"] = time.perf_counter() - self._start
+
+
+class EpochTensorBoard(keras.callbacks.TensorBoard):
+    """Keras's TensorBoard callback writing per-epoch scalars, declared safe for Keras's asynchronous
+    batch-end dispatch: its ``on_train_batch_end`` writes nothing at ``update_freq="epoch"``, but its
+    mere presence made Keras convert every step's logs to Python numbers in the training thread (a
+    device synchronisation per step)."""
+
+    async_safe = True
+
+    def __init__(self, log_dir, **kwargs):
+        kwargs.setdefault("update_freq", "epoch")
+        if kwargs["update_freq"] != "epoch":
+            raise ValueError("EpochTensorBoard writes per-epoch scalars only; use keras.callbacks.TensorBoard")
+        super().__init__(log_dir, **kwargs)
+
+
 def _finite_or_none(value):
     value = float(np.asarray(value))
     return value if math.isfinite(value) else None
@@ -78,6 +109,10 @@ class HistoryRecorder(keras.callbacks.Callback):
     every epoch and ``curves.png`` at most every ``plot_every_s`` seconds and at the end.
     Non-finite values are written as null (strict JSON) and as empty CSV cells.
 
+    ``history.json`` is written before the epoch's backup (a resumed run's history holds every
+    backed-up epoch). The curves are drawn by a background thread (about a second of matplotlib
+    the training steps do not wait for), skipped while the previous drawing is still going on.
+
     ``epochs`` continues an earlier history (a resumed run). ``title`` heads the plot;
     ``reference`` is drawn as a dashed line on the accuracy panel (e.g. ``{"raw-pixel kNN": 0.75}``).
     """
@@ -89,6 +124,7 @@ class HistoryRecorder(keras.callbacks.Callback):
         self.reference = dict(reference or {})
         self.epochs = list(epochs)
         self._last_plot = -math.inf
+        self._plotter = None  # the background thread drawing the curves, if any
         self._created = self._epoch_start = time.perf_counter()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -100,17 +136,47 @@ class HistoryRecorder(keras.callbacks.Callback):
         entry["epoch_seconds"] = now - self._epoch_start
         entry["wall_seconds"] = now - self._created  # since this invocation set up its callbacks
         self.epochs.append(entry)
-        self.write(plot=time.monotonic() - self._last_plot >= self.plot_every_s)
+        due = time.monotonic() - self._last_plot >= self.plot_every_s
+        self.write(plot=due and not self.drawing, background=True)
 
     def on_train_end(self, logs=None):
         self.write(plot=True)
 
-    def write(self, plot=True):
+    @property
+    def drawing(self):
+        """True while the curves of an earlier epoch are being drawn in the background."""
+        return self._plotter is not None and self._plotter.is_alive()
+
+    def wait(self):
+        """Waits for the curves being drawn in the background, if any."""
+        if self._plotter is not None:
+            self._plotter.join()
+            self._plotter = None
+
+    def write(self, plot=True, background=False):
+        """Writes history.json and log.csv, and (``plot``) the curves: in a background thread when
+        ``background``, else now, after any drawing still going on."""
         runs.atomic_write_json(os.path.join(self.run_dir, "history.json"), self.epochs, indent=1)
         runs.atomic_write_text(os.path.join(self.run_dir, "log.csv"), history_csv(self.epochs))
-        if plot:
-            plot_curves(self.epochs, os.path.join(self.run_dir, "curves.png"), self.title, self.reference)
-            self._last_plot = time.monotonic()
+        if not plot:
+            return
+        self._last_plot = time.monotonic()
+        args = (list(self.epochs), os.path.join(self.run_dir, "curves.png"), self.title, self.reference)
+        self.wait()
+        if background:
+            # not a daemon: the interpreter waits for it (a daemon killed inside matplotlib aborts Python)
+            self._plotter = threading.Thread(target=_plot_quietly, args=args, daemon=False)
+            self._plotter.start()
+        else:
+            self._plotter = None
+            plot_curves(*args)
+
+
+def _plot_quietly(*args):
+    try:
+        plot_curves(*args)
+    except Exception as e:  # the curves are a convenience: say so, never stop training for them
+        print(f"warning: could not draw {args[1]}: {e}", flush=True)
 
 
 def history_csv(epochs):
@@ -129,16 +195,15 @@ _DIAGNOSTICS = {"symmetry": "‖A − Aᵀ‖_F (unweighted)", "embedding_std": 
 
 def plot_curves(epochs, path, title="", reference=None):
     """One PNG: the loss terms (linear axis), one panel per diagnostic (symmetry ‖A − Aᵀ‖_F,
-    embedding std, EMA momentum) and the accuracies (kNN, probe) with ``reference`` lines."""
+    embedding std, EMA momentum) and the accuracies (kNN, probe) with ``reference`` lines.
+    Drawn with matplotlib's object API (no pyplot state: safe off the main thread), written atomically."""
     if not epochs:
         return
     try:
-        import matplotlib
+        import matplotlib.ticker
+        from matplotlib.figure import Figure
     except ImportError:  # the curves are a convenience; history.json has the numbers
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     keys = [k for k in dict.fromkeys(k for e in epochs for k in e) if k != "epoch" and not k.endswith("_seconds")]
     acc_keys = [k for k in keys if "top" in k or "accuracy" in k]
@@ -147,7 +212,8 @@ def plot_curves(epochs, path, title="", reference=None):
     panels = [(loss_keys, "loss and its terms", "value")]
     panels += [([k], k, _DIAGNOSTICS[k]) for k in diag_keys]
     panels.append((acc_keys, "accuracy (test split)", "top-k accuracy"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    fig = Figure(figsize=(4.2 * len(panels), 3.8))
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (group, name, ylabel) in zip(axes[0], panels):
         for k in group:
             pts = [(e["epoch"], e[k]) for e in epochs if e.get(k) is not None]
@@ -166,5 +232,4 @@ def plot_curves(epochs, path, title="", reference=None):
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    runs.atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))

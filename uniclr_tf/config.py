@@ -17,7 +17,7 @@ import json
 ENCODERS = ("resnet18", "resnet50", "tiny")
 OPTIMIZERS = ("lars", "sgd", "adamw")
 PRECISIONS = ("float32", "bfloat16", "float16")
-STRATEGIES = ("default", "mirrored", "tpu", "data_parallel")
+STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "data_parallel")
 AUGMENT_ON = ("host", "device")
 
 # Fields of earlier versions that are method options now (config.json of older runs).
@@ -96,10 +96,11 @@ class TrainConfig:
     backup_every_minutes: float = 10.0
     verbose: int = 0  # 0: a progress bar on a terminal, one line per epoch otherwise
     pictures: bool = True  # views.png, neighbours.png, embedding.png (+ TensorBoard) at the end
+    compilation_cache_dir: str = "~/.cache/uniclr_tf/xla"  # JAX: compiled steps kept across runs ("": off)
 
     # Fields that control one invocation, not the run: not in flags.txt, not compared on resume.
     INVOCATION_FIELDS = ("run_dir", "export", "overwrite", "stop_after_steps", "backup_every_minutes", "verbose",
-                         "coordinator_address", "num_processes", "process_id", "pictures")
+                         "coordinator_address", "num_processes", "process_id", "pictures", "compilation_cache_dir")
 
     VIEW_FIELDS = ("global_scale", "local_scale", "flip_prob", "color_jitter", "color_jitter_prob",
                    "grayscale_prob", "blur_prob", "solarize_prob")

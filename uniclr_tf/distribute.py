@@ -1,10 +1,20 @@
-"""Distribution strategies: one device, MirroredStrategy, TPUStrategy (TF) or DataParallel (JAX).
+"""Distribution strategies: one device, MirroredStrategy, MultiWorkerMirroredStrategy, TPUStrategy
+(TF) or DataParallel (JAX, one or several processes).
 
 ``strategy_scope(name, tpu)`` returns a context manager under which the model and optimizer are
 built. On the TF backend, ``default``/``mirrored``/``tpu`` are ``tf.distribute`` strategies; on
 the JAX backend, ``data_parallel`` (and ``mirrored``, its equivalent) sets
 ``keras.distribution.DataParallel`` over all local devices. ``keras.distribution.DataParallel`` on
 the TF backend silently does nothing (docs/stack.md), so asking for it there is an error.
+
+``--strategy=multi_worker`` is ``tf.distribute.MultiWorkerMirroredStrategy``: one process per
+worker, the cluster and this worker's index from ``$TF_CONFIG`` (what SLURM, Kubernetes and
+``tf.distribute`` launchers set). Worker 0 (or the ``chief`` task) is the process that writes the run
+folder and evaluates. It must be created before any other TensorFlow operation of the process.
+
+On a machine without GPUs, ``$UNICLR_TF_CPU_DEVICES=N`` splits the CPU into N logical devices for
+``--strategy=mirrored`` (TF's counterpart of JAX's ``--xla_force_host_platform_device_count``):
+how the distributed code paths are tested on a CPU.
 
 ``--strategy=tpu`` connects to the TPU (resolver, ``experimental_connect_to_cluster``,
 ``initialize_tpu_system``) in a worker thread and waits at most ``UNICLR_TPU_TIMEOUT_S`` seconds
@@ -17,6 +27,9 @@ import os
 import threading
 
 import keras
+
+#: Logical CPU devices for --strategy=mirrored on a machine without GPUs (tests of the distributed paths).
+TF_CPU_DEVICES_ENV = "UNICLR_TF_CPU_DEVICES"
 
 #: Seconds to wait for the TPU connection; the environment variable overrides the default.
 TPU_TIMEOUT_ENV = "UNICLR_TPU_TIMEOUT_S"
@@ -59,11 +72,37 @@ def initialize_processes(coordinator_address="", num_processes=0, process_id=-1)
     return jax.process_index(), jax.process_count()
 
 
-def barrier(name, num_processes):
-    """Waits until every process of a multi-controller job gets here (no-op for one process)."""
-    if num_processes > 1:
+def barrier(name, num_processes, strategy=None):
+    """Waits until every process of a multi-process job gets here (no-op for one process): JAX's
+    multi-controller sync, or for ``--strategy=multi_worker`` a one-number all-reduce."""
+    if num_processes <= 1:
+        return
+    if keras.backend.backend() == "jax":
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(name)
+        return
+    import tensorflow as tf
+
+    @tf.function
+    def sync():
+        ones = strategy.run(lambda: tf.ones(()))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, ones, axis=None)
+
+    total = int(sync())
+    if total != strategy.num_replicas_in_sync:
+        raise RuntimeError(f"barrier {name!r}: {total} replicas answered, expected {strategy.num_replicas_in_sync}")
+
+
+def worker_info(strategy):
+    """``(process index, process count)`` of a ``--strategy=multi_worker`` job, the chief first:
+    ``(0, 1)`` for any other strategy."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(strategy.extended, "_in_multi_worker_mode", lambda: False)():
+        return 0, 1
+    spec = resolver.cluster_spec().as_dict()
+    chiefs, workers = len(spec.get("chief", [])), len(spec.get("worker", []))
+    index = int(resolver.task_id) + (chiefs if resolver.task_type == "worker" else 0)
+    return index, chiefs + workers
 
 
 @contextlib.contextmanager
@@ -79,8 +118,13 @@ def local_only():
 
 def local_copy(model):
     """A copy of ``model`` whose variables live on this process's default device only (outside the
-    job's distribution), for work one process does alone (the kNN monitor). Refresh its weights
-    with ``copy.set_weights(model.get_weights())``; the job's replicated weights read on any process."""
+    job's distribution or tf.distribute strategy), for work one process does alone (the kNN monitor).
+    Refresh its weights with ``copy.set_weights(model.get_weights())``; the job's replicated weights
+    read on any process."""
+    if keras.backend.backend() != "jax":  # called outside the strategy's scope: plain variables
+        copy = keras.models.clone_model(model)
+        copy.set_weights(model.get_weights())
+        return copy
     with local_only():
         copy = keras.models.clone_model(model)
         copy.set_weights(model.get_weights())
@@ -97,16 +141,38 @@ def make_strategy(name="default", tpu=""):
         if name in ("data_parallel", "mirrored"):
             import jax
             keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
+        if name == "multi_worker":
+            raise ValueError("--strategy=multi_worker is tf.distribute's (KERAS_BACKEND=tensorflow); on JAX run "
+                             "one process per host or GPU with --strategy=data_parallel --num_processes=N")
         return None
     import tensorflow as tf
     if name == "data_parallel":
         raise ValueError("--strategy=data_parallel is the JAX backend's strategy (Keras's DataParallel does "
                          "nothing on TensorFlow); use --strategy=mirrored with KERAS_BACKEND=tensorflow")
+    if name == "multi_worker":
+        if not os.environ.get("TF_CONFIG"):
+            raise ValueError("--strategy=multi_worker reads the cluster from $TF_CONFIG, which is not set: e.g. "
+                             '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", '
+                             '"index": 0}} on the first host (index 1 on the second)')
+        return tf.distribute.MultiWorkerMirroredStrategy()
     if name == "mirrored":
-        return tf.distribute.MirroredStrategy()
+        return tf.distribute.MirroredStrategy(devices=_mirrored_devices(tf))
     if name == "tpu":
         return tf.distribute.TPUStrategy(connect_tpu(tpu))
     return tf.distribute.get_strategy()
+
+
+def _mirrored_devices(tf):
+    """None (all GPUs, as MirroredStrategy chooses), or on a machine without GPUs the
+    ``$UNICLR_TF_CPU_DEVICES`` logical CPU devices (one when unset)."""
+    value = os.environ.get(TF_CPU_DEVICES_ENV, "").strip()
+    if not value or tf.config.list_physical_devices("GPU"):
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"${TF_CPU_DEVICES_ENV}={value!r} must be a positive number of logical CPU devices")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * int(value))
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
 def tpu_timeout_s(timeout_s=None):

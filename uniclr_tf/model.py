@@ -130,6 +130,26 @@ class UniCLR(train_step_mixin(), keras.Model):
         self._trackers = {n: keras.metrics.Mean(name=n) for n in names}
         self.built = True
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        """TF backend, under ``MultiWorkerMirroredStrategy``: builds from this worker's first replica's
+        batch. Keras 3 takes the mean of the first distributed batch across replicas to get a sample
+        batch, an eager cross-worker reduction that fails under that strategy ("Attempt to convert a
+        value (PerReplica...)", keras-team/keras#20585); only the batch's shapes matter here."""
+        strategy = getattr(self, "_distribute_strategy", None)
+        multi_worker = getattr(getattr(strategy, "extended", None), "_in_multi_worker_mode", lambda: False)()
+        if iterator is None or not multi_worker:
+            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+        import tensorflow as tf
+
+        def local(x):
+            return strategy.experimental_local_results(x)[0] if isinstance(x, tf.distribute.DistributedValues) else x
+
+        for _, _, it in iterator:
+            data_batch = keras.tree.map_structure(local, next(it))
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
     @staticmethod
     def _make_method(method, objective, predictor, options, objective_options, **legacy):
         if isinstance(method, methods.Method):

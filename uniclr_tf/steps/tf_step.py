@@ -18,7 +18,12 @@ class TensorFlowTrainStep:
         grads = tape.gradient(scaled, variables)
         self.optimizer.apply(grads, variables)
         self.update_target()
-        return self.update_metrics(logs)
+        results = self.update_metrics(logs)
+        if getattr(tf.distribute.get_strategy().extended, "_in_multi_worker_mode", lambda: False)():
+            # Keras 3 averages a multi-worker step's logs with strategy.reduce(MEAN, v, axis=0), which
+            # needs an axis to reduce (keras-team/keras#20585): give each value one; the result is a scalar.
+            results = {k: tf.reshape(v, [1]) for k, v in results.items()}
+        return results
 
     def all_gather(self, x):
         """Concatenates ``x`` from all replicas along the batch axis (identity on one replica)."""
