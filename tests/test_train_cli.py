@@ -117,3 +117,38 @@ def test_train_runs_under_jax_without_tensorflow(tmp_path, run_python):
     metrics = run_python(NO_TF_RUN.format(run_dir=str(tmp_path)), backend="jax")
     assert 0.0 < metrics["knn_top1"] <= 1.0 and metrics["steps"] == 3
     assert (tmp_path / "notf" / "encoder.keras").exists()
+
+
+def test_help_lists_every_flag_by_group_with_its_default():
+    """``--help`` (exit 0) groups every train flag (data, network, method, method options, views,
+    optimisation, evaluation, system, this invocation) with its default; linear_eval lists its own."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+    from uniclr_tf import methods
+    from uniclr_tf.config import TrainConfig
+    from uniclr_tf.linear_eval import LinearEvalConfig
+
+    proc = subprocess.run([sys.executable, "-m", "uniclr_tf.train", "--help"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    titles = ["\ndata:", "\nnetwork:", "\nmethod:", "\nmethod options", "\nviews", "\noptimisation:", "\nevaluation:",
+              "\nsystem", "\nthis invocation"]
+    positions = [out.find(t) for t in titles]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), positions
+    for field in dataclasses.fields(TrainConfig):
+        if field.name != "method_options":
+            assert f"  --{field.name}=" in out, field.name
+    for name in methods.option_specs():
+        assert f"  --{name}=unset" in out, name
+    flat = " ".join(out.split())  # help text is wrapped
+    assert "  --batch_size=512\n" in out and "Alias: --gamma" in flat and "Alias: --objective" in flat
+    assert out.index("--knn_every=") > out.index("\nevaluation:") > out.index("--epochs=")
+    proc = subprocess.run([sys.executable, "-m", "uniclr_tf.linear_eval", "-h"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0
+    for field in dataclasses.fields(LinearEvalConfig):
+        assert f"  --{field.name}=" in proc.stdout, field.name

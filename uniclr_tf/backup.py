@@ -87,23 +87,67 @@ def _variables(model):
 
 
 def snapshot(model):
-    """``[(path, value)]`` of every backed-up variable, still on the device: a copy the training steps
-    cannot touch (on JAX a device-side copy, since the next step donates the state's buffers; on TF
-    a read, which resource variables keep intact under later writes). :func:`to_host` fetches it."""
+    """Every backed-up variable's value, still on the device: a copy the training steps cannot touch
+    (on JAX, the next step donates the state's buffers; on TF a read, which resource variables keep
+    intact under later writes). :func:`to_host` fetches it.
+
+    On JAX (one process) the copy is one compiled call that packs the values into one flat array
+    per dtype, fetched later in a few transfers: fetching ~300 arrays one by one held the GIL for
+    about 0.1 s a backup, time the training thread then waited for at every epoch end."""
     variables = _variables(model)
     if keras.backend.backend() == "jax":
         import jax
-        import jax.numpy as jnp
         if jax.process_count() > 1:  # a device copy of the job's arrays would need every process: fetch now
             return list(zip((v.path for v in variables), jax.device_get([v.value for v in variables])))
-        values = [jnp.array(v.value, copy=True) for v in variables]
-    else:
-        values = [v.value for v in variables]
-    return [(v.path, value) for v, value in zip(variables, values)]
+        return Packed([v.path for v in variables], [v.value for v in variables])
+    return [(v.path, v.value) for v in variables]
+
+
+class Packed:
+    """Values packed on the device (JAX): one flat array per dtype, and where each value lies in it."""
+
+    def __init__(self, paths, values):
+        self.paths = list(paths)
+        self.layout = [(str(v.dtype), tuple(v.shape)) for v in values]
+        groups = {}
+        for i, (dtype, _) in enumerate(self.layout):
+            groups.setdefault(dtype, []).append(i)
+        self.groups = {d: tuple(idx) for d, idx in groups.items()}
+        self.flat = _packer(tuple(self.groups.items()))(tuple(values))
+
+    def unpack(self, flat):
+        """``[(path, NumPy array)]`` from the fetched flat arrays (views, no copies)."""
+        out = [None] * len(self.paths)
+        for dtype, idx in self.groups.items():
+            offset = 0
+            for i in idx:
+                shape = self.layout[i][1]
+                n = int(np.prod(shape, dtype=np.int64))
+                out[i] = (self.paths[i], flat[dtype][offset:offset + n].reshape(shape))
+                offset += n
+        return out
+
+
+_PACKERS = {}
+
+
+def _packer(groups):
+    """A jitted ``values -> {dtype: flat array}`` for one grouping (compiled once per model)."""
+    if groups not in _PACKERS:
+        import jax
+        import jax.numpy as jnp
+
+        def pack(values):
+            return {d: jnp.concatenate([jnp.ravel(values[i]) for i in idx]) for d, idx in groups}
+        _PACKERS[groups] = jax.jit(pack)
+    return _PACKERS[groups]
 
 
 def to_host(values):
-    """A snapshot's values as NumPy arrays (all transfers at once on JAX)."""
+    """A snapshot's values as ``[(path, NumPy array)]`` (all transfers at once on JAX)."""
+    if isinstance(values, Packed):
+        import jax
+        return values.unpack({d: np.asarray(a) for d, a in jax.device_get(values.flat).items()})
     if keras.backend.backend() == "jax":
         import jax
         arrays = jax.device_get([value for _, value in values])

@@ -69,12 +69,14 @@ class StepClock(keras.callbacks.Callback):
 
 
 class EpochTensorBoard(keras.callbacks.TensorBoard):
-    """Keras's TensorBoard callback writing per-epoch scalars, declared safe for Keras's asynchronous
-    batch-end dispatch: its ``on_train_batch_end`` writes nothing at ``update_freq="epoch"``, but its
-    mere presence made Keras convert every step's logs to Python numbers in the training thread (a
-    device synchronisation per step)."""
+    """Keras's TensorBoard callback writing per-epoch scalars only. Keras's version implements
+    ``on_train_batch_end`` (per-step summaries, which need a writer only ``update_freq=N`` sets up), so
+    its mere presence made Keras convert every step's logs to Python numbers in the training thread, a
+    device synchronisation per step; here the hook is the base class's no-op, and Keras dispatches
+    the batch-end hooks off the training thread. (Keras's hook converting JAX arrays to TF tensors
+    in that thread crashed on a 2-device JAX run.)"""
 
-    async_safe = True
+    on_train_batch_end = keras.callbacks.Callback.on_train_batch_end
 
     def __init__(self, log_dir, **kwargs):
         kwargs.setdefault("update_freq", "epoch")

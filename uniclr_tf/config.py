@@ -25,6 +25,14 @@ _LEGACY_OPTION_FIELDS = ("temperature", "gamma", "eps", "whitening_mode", "stop_
                          "whitening_groups", "symmetric_directions", "ema_momentum", "predictor")
 
 
+#: ``--help`` groups of the train flags: (title, the group's first field in TrainConfig).
+HELP_GROUPS = (("data", "dataset"), ("network", "encoder"), ("method", "method"),
+               ("views (augmentation; unset: the method's recipe)", "num_local_crops"),
+               ("optimisation", "optimizer"), ("evaluation", "knn_k"),
+               ("system (devices, precision, distribution, run folder)", "augment_on"),
+               ("this invocation (not part of the run: may change on resume)", "coordinator_address"))
+
+
 def unset(kind, many=False):
     """A field whose default None means "the method's (or recipe's) value"; ``kind`` is the type of
     its flag (of each element when ``many``)."""

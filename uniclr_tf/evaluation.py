@@ -87,13 +87,55 @@ def extract_features(encoder, preprocess, source, batch_size=512):
     return np.concatenate(features), (np.concatenate(labels) if has_labels else None)
 
 
+def _features_stay_on_device(source):
+    """The JAX fast path: in-memory data, one process's devices, no ``keras.distribution`` set."""
+    import keras
+    return (keras.backend.backend() == "jax" and _is_in_memory(source) and source[1] is not None
+            and keras.distribution.distribution() is None)
+
+
+def device_features(encoder, preprocess, images, batch_size=512):
+    """Backbone features of in-memory ``images`` as one float32 array left on the device (JAX):
+    one compiled call per batch (``preprocess`` and the encoder in inference mode), no host round
+    trip per batch; the last batch is padded to ``batch_size`` (one compiled shape)."""
+    import jax
+    import jax.numpy as jnp
+    key = ("uniclr_features", id(preprocess))
+    cache = encoder.__dict__.setdefault("_uniclr_compiled", {})
+    if key not in cache:
+        def features(trainable, non_trainable, x):
+            x = preprocess(x) if preprocess is not None else x
+            out, _ = encoder.stateless_call(trainable, non_trainable, x, training=False)
+            return jnp.reshape(out, (out.shape[0], -1)).astype(jnp.float32)
+        cache[key] = jax.jit(features)
+    fn = cache[key]
+    trainable = [v.value for v in encoder.trainable_variables]
+    non_trainable = [v.value for v in encoder.non_trainable_variables]
+    outs = []
+    size = min(int(batch_size), len(images))
+    for start in range(0, len(images), size):
+        x = np.asarray(images[start:start + size])
+        n = len(x)
+        if n < size:
+            x = np.concatenate([x, np.repeat(x[-1:], size - n, axis=0)])
+        out = fn(trainable, non_trainable, x)
+        outs.append(out if n == size else out[:n])
+    return jnp.concatenate(outs, axis=0)
+
+
 def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0.1, batch_size=512):
     """Weighted kNN top-1/top-5 of ``encoder`` features.
 
     ``train`` (the memory bank) and ``test`` are ``(images, labels)`` arrays or batched
     ``(images, labels)`` iterables (see :func:`extract_features`). Returns ``{"top1", "top5"}``,
-    fractions in [0, 1]. The similarities and top-k run on the backend's device (``keras.ops``).
+    fractions in [0, 1]. The similarities and top-k run on the backend's device (``keras.ops``); on
+    JAX with in-memory data the features never leave the device (:func:`device_features`).
     """
+    if _features_stay_on_device(train) and _features_stay_on_device(test):
+        train_f = device_features(encoder, preprocess, train[0], batch_size)
+        test_f = device_features(encoder, preprocess, test[0], batch_size)
+        scores = knn.knn_predict_tensors(train_f, train[1], test_f, num_classes, k, temperature)
+        return knn.topk_accuracy(scores, test[1], (1, 5))
     train_f, train_y = extract_features(encoder, preprocess, train, batch_size)
     test_f, test_y = extract_features(encoder, preprocess, test, batch_size)
     if train_y is None or test_y is None:
@@ -103,7 +145,8 @@ def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0
 
 
 def raw_pixel_knn(train, test, num_classes, k=200, temperature=0.1):
-    """The same weighted kNN on raw pixels: the baseline any learned feature should beat."""
+    """The same weighted kNN on raw pixels: the baseline any learned feature should beat (its
+    similarities and top-k on the backend's device)."""
     as_float = lambda a: np.asarray(a, np.float32).reshape(len(a), -1) / 255.0  # noqa: E731
     return knn.knn_accuracy(as_float(train[0]), train[1], as_float(test[0]), test[1], num_classes, k,
-                            temperature, topk=(1, 5))
+                            temperature, topk=(1, 5), device=True)

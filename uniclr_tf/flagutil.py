@@ -72,10 +72,76 @@ def config_from_flags(config_cls, flag_values=None):
     return config_cls(**config_values(config_cls, flag_values))
 
 
-def run_cli(module_name, doc, main):
+def group_fields(config_cls, markers):
+    """``[(title, [field names])]``: each field of ``config_cls`` (in declaration order) goes under the
+    title of the last marker ``(title, first field)`` at or before it."""
+    starts = {first: title for title, first in markers}
+    groups, title = [], None
+    for field in dataclasses.fields(config_cls):
+        if field.name in starts or title is None:
+            title = starts.get(field.name, "other")
+            groups.append((title, []))
+        groups[-1][1].append(field.name)
+    return groups
+
+
+def _default_text(flag):
+    value = flag.default
+    if value is None:
+        return "unset"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def grouped_help(doc, groups, flag_values=None, width=100):
+    """The ``--help`` text: ``doc``, then each group's flags with their defaults, choices and help
+    (``groups``: ``[(title, [flag names])]``; names not defined are skipped); aliases beside their
+    flags. ``--helpfull`` still gives absl's full listing."""
+    import textwrap
+    flag_values = flags.FLAGS if flag_values is None else flag_values
+    aliases = {}
+    for name, flag in flag_values._flags().items():
+        target = getattr(flag, "_alias_for", None) or getattr(getattr(flag, "parser", None), "_alias_for", None)
+        if name != flag.name:  # absl registers an alias as another name of the same flag object
+            aliases.setdefault(flag.name, []).append(name)
+        elif target:
+            aliases.setdefault(target, []).append(name)
+    lines = [doc.strip(), ""]
+    for title, names in groups:
+        present = [n for n in names if n in flag_values]
+        if not present:
+            continue
+        lines.append(f"{title}:")
+        for name in present:
+            flag = flag_values[name]
+            head = f"  --{name}={_default_text(flag)}"
+            also = f" Alias: {', '.join('--' + a for a in aliases.get(name, []))}." if aliases.get(name) else ""
+            text = (flag.help or "").strip() + also  # an enum's help starts with <its|values>
+            lines.append(head)
+            lines += textwrap.wrap(text, width, initial_indent="      ", subsequent_indent="      ")
+        lines.append("")
+    lines.append("--helpfull lists every flag, absl's own included.")
+    return "\n".join(lines)
+
+
+_HELP_ARGS = ("--help", "-help", "-h", "--helpshort", "-?", "--?")
+
+
+def run_cli(module_name, doc, main, groups=None):
     """Runs ``main`` with absl, as the ``python -m`` form and the console scripts of pyproject.toml do
-    (the flags must be defined already). Under a console script, ``--help`` shows the module's
-    docstring and flags as ``python -m`` does; asking for help exits 0 (absl exits 1)."""
+    (the flags must be defined already). ``--help`` prints ``doc`` and the flags by group (``groups``:
+    ``[(title, [flag names])]``; default: the module's own flags) with their defaults, and exits 0;
+    ``--helpfull`` is absl's listing."""
+    if any(a in _HELP_ARGS for a in sys.argv[1:]):
+        if groups is None:
+            names = [f.name for f in flags.FLAGS.get_key_flags_for_module(module_name)]
+            names += [f.name for f in flags.FLAGS.get_key_flags_for_module(sys.argv[0])]
+            groups = [("flags", sorted(set(names)))]
+        print(grouped_help(doc, groups))
+        sys.exit(0)
     if module_name != "__main__":
         main_module = sys.modules["__main__"]
         if not getattr(main_module, "__doc__", None):

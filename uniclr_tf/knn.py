@@ -70,6 +70,48 @@ def knn_predict(train_features, train_labels, test_features, num_classes, k=200,
     return scores
 
 
+def knn_predict_tensors(train_features, train_labels, test_features, num_classes, k=200, temperature=0.1,
+                        chunk_size=1024):
+    """:func:`knn_predict` for features that are already on the device (backend tensors, e.g. the
+    kNN monitor's): the normalisation, similarities, top-k and weighted votes all run in
+    ``keras.ops`` and only the ``[N_test, num_classes]`` scores come back to the host. The last
+    chunk is padded to ``chunk_size`` (one shape)."""
+    from keras import ops
+    train_labels = np.asarray(train_labels).astype(np.int64).reshape(-1)
+    n_train, n_test = int(train_features.shape[0]), int(test_features.shape[0])
+    if n_train != len(train_labels):
+        raise ValueError(f"train_features has {n_train} rows but train_labels has {len(train_labels)}")
+    if n_train == 0:
+        raise ValueError("kNN needs a non-empty memory bank; train_features has 0 rows")
+    if train_labels.min() < 0 or train_labels.max() >= num_classes:
+        raise ValueError(f"train_labels must lie in [0, {num_classes}); found range "
+                         f"[{train_labels.min()}, {train_labels.max()}]")
+
+    def normalize(x):
+        x = ops.cast(ops.reshape(x, (int(x.shape[0]), -1)), "float32")
+        return x / ops.maximum(ops.sqrt(ops.sum(x * x, axis=1, keepdims=True)), 1e-12)
+
+    train, test = normalize(train_features), normalize(test_features)
+    if train.shape[1] != test.shape[1]:
+        raise ValueError(f"feature sizes differ: train {train.shape[1]}, test {test.shape[1]}")
+    labels = ops.convert_to_tensor(train_labels.astype(np.int32))
+    k = min(int(k), n_train)
+    bank_t = ops.transpose(train)
+    chunks = []
+    for start in range(0, n_test, chunk_size):
+        chunk = test[start:start + chunk_size]
+        n = int(chunk.shape[0])
+        if n < chunk_size:
+            chunk = ops.pad(chunk, [[0, chunk_size - n], [0, 0]])
+        sim, idx = ops.top_k(ops.matmul(chunk, bank_t), k)
+        weights = ops.exp((sim - 1.0) / temperature)  # shifted by the max cosine for stability
+        votes = ops.one_hot(ops.take(labels, idx), num_classes)  # [chunk, k, classes]
+        chunks.append(ops.sum(votes * weights[..., None], axis=1)[:n])
+    if not chunks:
+        return np.zeros((0, num_classes), np.float32)
+    return np.asarray(ops.convert_to_numpy(ops.concatenate(chunks, axis=0)), np.float32)
+
+
 def topk_accuracy(scores, labels, ks=(1, 5)) -> dict:
     """Fraction of rows whose label is among the ``k`` highest scores, for each ``k`` in ``ks``.
 

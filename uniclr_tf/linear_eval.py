@@ -492,8 +492,10 @@ def main(argv):
 def entry_point():
     """The ``uniclr-eval`` console script (pyproject.toml): what ``python -m uniclr_tf.linear_eval`` does."""
     from uniclr_tf import flagutil
+    import dataclasses
     define_flags()
-    flagutil.run_cli(__name__, __doc__, main)
+    flagutil.run_cli(__name__, __doc__, main,
+                     groups=[("linear evaluation", [f.name for f in dataclasses.fields(LinearEvalConfig)])])
 
 
 if __name__ == "__main__":

@@ -217,12 +217,15 @@ def enable_compilation_cache(path):
     The XLA compile of a ResNet-18 train step takes 20-25 s on an H100 (GPU autotuning included);
     a resumed run, a rerun with other evaluation flags or the next run of a study loads it in about
     a second. Entries are keyed by the computation, the devices and the JAX/XLA versions, so a stale
-    entry is never used. TensorFlow has no such cache: nothing is done there.
+    entry is never used. TensorFlow has no such cache: nothing is done there. Nor on JAX's CPU
+    backend, where compiles take seconds (and test runs would fill the cache folder).
     """
     import keras
     if not path or keras.backend.backend() != "jax":
         return None
     import jax
+    if jax.default_backend() == "cpu":
+        return None
     path = os.path.abspath(os.path.expanduser(path))
     try:
         os.makedirs(path, exist_ok=True)
@@ -230,7 +233,7 @@ def enable_compilation_cache(path):
         print(f"warning: --compilation_cache_dir={path}: {e.strerror}; compiling without a cache", flush=True)
         return None
     jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # the variable initialisers too
     return path
 
 
@@ -507,7 +510,17 @@ def entry_point():
     """The ``uniclr-train`` console script (pyproject.toml): what ``python -m uniclr_tf.train`` does."""
     from uniclr_tf import flagutil
     define_flags()
-    flagutil.run_cli(__name__, __doc__, main)
+    flagutil.run_cli(__name__, __doc__, main, groups=help_groups())
+
+
+def help_groups():
+    """``--help``'s groups: TrainConfig's fields by HELP_GROUPS, the method options after the method."""
+    from uniclr_tf import methods
+    from uniclr_tf.config import HELP_GROUPS
+    groups = flagutil.group_fields(TrainConfig, HELP_GROUPS)
+    options = [(f"method options (unset: the method's default; [methods that take it])", list(methods.option_specs()))]
+    at = next(i for i, (title, _) in enumerate(groups) if title == "method") + 1
+    return [(t, [n for n in names if n != "method_options"]) for t, names in groups[:at]] + options + groups[at:]
 
 
 if __name__ == "__main__":
