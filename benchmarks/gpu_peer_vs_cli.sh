@@ -17,7 +17,9 @@ for run in cold warm; do
     --run_dir=/tmp/pv --run_name="sgd-$run" --overwrite --verbose=2 --nopictures \
     --compilation_cache_dir=/tmp/pv/xla-cache >> "$OUT/cli-sgd.log" 2>&1
   code=$?; end=$(date +%s.%N)
-  echo "cli $run exit $code process_seconds $(echo "$end - $start" | bc)" | tee -a "$OUT/cli-sgd.log"
+  echo "cli $run exit $code process_seconds $(python3 -c "print(round($end - $start, 1))")" | tee -a "$OUT/cli-sgd.log"
   cp /tmp/pv/sgd-$run/history.json "$OUT/cli-sgd-$run-history.json"
   grep "kNN top-1 (k" "$OUT/cli-sgd.log" | tail -1
 done
+python3 benchmarks/peer_vs_cli_summary.py --peer="$OUT/peer.json" --cold="$OUT/cli-sgd-cold-history.json" \
+  --warm="$OUT/cli-sgd-warm-history.json" --out="$OUT/peer-vs-cli.json"

@@ -1,0 +1,61 @@
+"""Table and JSON of ``gpu_peer_vs_cli.sh``: the PyTorch GPU peer against the train CLI (cold and warm
+compilation cache) from ``peer.json`` and the CLI runs' ``history.json``.
+
+    python benchmarks/peer_vs_cli_summary.py --peer=peer.json --cold=cli-sgd-cold-history.json \
+        --warm=cli-sgd-warm-history.json --steps_per_epoch=117 --batch_size=512 --out=summary.json
+
+Training images/s: epochs 2..N over their wall-clock minus the kNN monitor's seconds (the peer's
+``training_images_per_s`` is measured the same way); end to end: the training loop's wall-clock,
+kNN evaluations and the first epoch's compile included (the CLI's ``wall_seconds`` of its last
+epoch, counted from the callbacks' set-up; the peer's ``wall_seconds``).
+"""
+
+import argparse
+import json
+import statistics
+
+
+def cli_numbers(path, steps, batch):
+    with open(path) as f:
+        h = json.load(f)
+    knn_after = sum(e.get("knn_seconds") or 0.0 for e in h[1:])
+    train_wall = h[-1]["wall_seconds"] - h[0]["wall_seconds"] - knn_after
+    step_seconds = [e["step_seconds"] for e in h]
+    return {"wall_seconds": h[-1]["wall_seconds"], "first_epoch_seconds": h[0]["wall_seconds"],
+            "compile_seconds_estimate": step_seconds[0] - statistics.median(step_seconds[1:]),
+            "knn_seconds_total": sum(e.get("knn_seconds") or 0.0 for e in h),
+            "training_images_per_s": (len(h) - 1) * steps * batch / train_wall,
+            "final_knn_top1": h[-1].get("knn_top1"), "epochs": len(h)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--peer", required=True)
+    p.add_argument("--cold", required=True)
+    p.add_argument("--warm", required=True)
+    p.add_argument("--steps_per_epoch", type=int, default=117)
+    p.add_argument("--batch_size", type=int, default=512)
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    with open(args.peer) as f:
+        peer = json.load(f)
+    rows = {"peer": {k: peer[k] for k in ("wall_seconds", "first_epoch_seconds", "knn_seconds_total",
+                                          "training_images_per_s", "final_knn_top1", "epochs")},
+            "cli_cold_cache": cli_numbers(args.cold, args.steps_per_epoch, args.batch_size),
+            "cli_warm_cache": cli_numbers(args.warm, args.steps_per_epoch, args.batch_size)}
+    for name in ("cli_cold_cache", "cli_warm_cache"):
+        rows[name]["speedup_end_to_end"] = peer["wall_seconds"] / rows[name]["wall_seconds"]
+        rows[name]["speedup_training_images_per_s"] = rows[name]["training_images_per_s"] / peer["training_images_per_s"]
+    print(f"{'':<16} {'wall s':>8} {'1st epoch s':>12} {'kNN s':>7} {'train img/s':>12} {'kNN top-1':>10} "
+          f"{'x peer (wall)':>14} {'x peer (img/s)':>15}")
+    for name, r in rows.items():
+        print(f"{name:<16} {r['wall_seconds']:>8.1f} {r['first_epoch_seconds']:>12.1f} {r['knn_seconds_total']:>7.1f} "
+              f"{r['training_images_per_s']:>12,.0f} {r['final_knn_top1'] or 0:>10.4f} "
+              f"{r.get('speedup_end_to_end', 1.0):>14.2f} {r.get('speedup_training_images_per_s', 1.0):>15.2f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({**rows, "gpu": peer.get("gpu")}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
