@@ -1,46 +1,172 @@
 #!/usr/bin/env bash
-# Weak scaling of the real train CLI on the GPUs of one host (JAX), ResNet-18 on Fashion-MNIST,
-# augmentation on the device, per-GPU batch 512: 1 GPU; 1 process x 2 GPUs (DataParallel);
-# 2 processes x 1 GPU (multi-controller, NCCL). Images/s from history.json, epochs 2..EPOCHS.
-#   bash benchmarks/scaling.sh          (after the gpu-prep set-up line; writes $OUT/scaling.json)
+# Issue 10: scaling of the real train CLI over the GPUs of one host (JAX backend, NCCL), ResNet-18 on
+# Fashion-MNIST (configs/simaffinity.flags: projector 2048-2048-256, bf16, LARS), augmentation on the
+# device, no kNN monitor (--knn_every=0; the final kNN uses a 5,000-image memory bank), no pictures.
+#
+#   bash benchmarks/scaling.sh          (after the gpu-prep set-up line; $OUT set; 4 GPUs)
+#
+# Runs (ONLY: a space-separated subset of the names; default all, in this order):
+#   weak scaling, PER_GPU (512) images per GPU:
+#     g1  1 GPU, batch 512
+#     g2  1 process x 2 GPUs (CUDA_VISIBLE_DEVICES=0,1, --strategy=data_parallel), batch 1024
+#     g4  1 process x 4 GPUs, batch 2048
+#     p4  4 processes x 1 GPU (--num_processes=4 --process_id=i --coordinator_address=127.0.0.1:PORT), batch 2048
+#   strong scaling at the global batch STRONG (1024): s1 1 GPU; s2 = g2 (reused); s4 4 GPUs
+#   loss parity: p1 (1 GPU, GPUs P1_GPUS=0) and p2 (2 GPUs, data_parallel, P2_GPUS=1,2), --batch_size=1024
+#     --epochs=1 --steps_per_epoch=5 --seed=0; the two at once when their GPUs differ, else one after the other
+#     (not timed: their throughput is not measured)
+# Each run has `timeout LIMIT` (100 s) and a fresh folder /tmp/scaling/<name> (--overwrite); its output
+# goes to /tmp/scaling/logs/<name>.log (its last lines are printed). After every run the summary
+# (benchmarks/scaling_summary.py) rewrites $OUT/scaling.json from every run folder there, so a time limit
+# that stops this script part-way leaves the JSON of what finished: images/s from history.json by the
+# per-epoch step_seconds and by the wall clock (epochs 2..EPOCHS), per GPU, weak-scaling efficiency
+# (per-GPU rate / g1's), strong-scaling efficiency (s_k / (k * s1)), first-epoch seconds, loss parity.
+#
+# NCCL_DEBUG=INFO by default: the per-run summary lists the transports NCCL chose (P2P over NVLink, SHM...).
+# Knobs: EPOCHS (4), LIMIT (100 s per run), ONLY, PER_GPU (512), STRONG (1024), PARITY_BATCH (1024),
+# P1_GPUS, P2_GPUS, RUNS (/tmp/scaling), PYTHON (python3), EXTRA (train flags placed right after the
+# flagfile, e.g. a smaller model), CPU_DEVICES=1 (CPU smoke test: each run gets as many XLA CPU devices as
+# GPUs named, --xla_force_host_platform_device_count).
+# On 4 H100s each run is about 25 s of XLA compile (the compilation cache at /tmp/xla-cache shortens runs
+# that share a computation) + ~15 s of start-up and final kNN + EPOCHS epochs of 60,000 images (~1.3 s on
+# 1 GPU): the default set takes about 5-6 minutes.
 set -u
 OUT=${OUT:-/tmp/scaling-out}; mkdir -p "$OUT"
-EPOCHS=${EPOCHS:-6}
-export KERAS_BACKEND=jax PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-COMMON="--flagfile=configs/simaffinity.flags --augment_on=device --epochs=$EPOCHS --warmup_epochs=1 --knn_every=0 --run_dir=/tmp/scaling --overwrite --verbose=2"
-train() { timeout "${LIMIT:-150}" python3 -m uniclr_tf.train $COMMON "$@"; }
-ONLY=${ONLY:-g1 g2 p2}
-if [[ " $ONLY " == *" g1 "* ]]; then
-  CUDA_VISIBLE_DEVICES=0 train --run_name=g1 --batch_size=512 > "$OUT/g1.log" 2>&1; echo "g1 exit $?"
+EPOCHS=${EPOCHS:-4}
+LIMIT=${LIMIT:-100}
+ONLY=${ONLY:-g1 g2 g4 p4 s1 s4 p1 p2}
+PER_GPU=${PER_GPU:-512}
+STRONG=${STRONG:-1024}
+PARITY_BATCH=${PARITY_BATCH:-1024}
+P1_GPUS=${P1_GPUS:-0}
+P2_GPUS=${P2_GPUS:-1,2}
+RUNS=${RUNS:-/tmp/scaling}
+PY=${PYTHON:-python3}
+EXTRA=${EXTRA:-}
+export KERAS_BACKEND=jax PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+export NCCL_DEBUG=${NCCL_DEBUG:-INFO}  # into each run's log: the NCCL version and the transport between GPUs
+LOGS=$RUNS/logs
+mkdir -p "$LOGS"
+T0=$SECONDS
+# shellcheck disable=SC2086
+COMMON=(--flagfile=configs/simaffinity.flags $EXTRA --augment_on=device --epochs="$EPOCHS" --warmup_epochs=1
+        --knn_every=0 --knn_max_train=5000 --nopictures --compilation_cache_dir=/tmp/xla-cache
+        --run_dir="$RUNS" --overwrite --verbose=2)
+NOISE="donated buffers were not usable|warnings.warn\\(|^ *$|oneDNN custom operations|absl::InitializeLog|was passed, but will be ignored|self.data_adapter = |Unable to initialize backend"
+
+stamp() { echo "=== $(date -u +%H:%M:%S) [scaling +$((SECONDS - T0)) s] $*"; }
+want() { [[ " $ONLY " == *" $1 "* ]]; }
+ndev() { awk -F, '{print NF}' <<< "$1"; }
+now() { date +%s.%N; }
+
+children=()
+cleanup() {  # a time limit around this script (TERM): stop the runs too (each timeout passes it on)
+  stamp "stopped (signal): ending the runs still going"
+  for p in "${children[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  wait
+  exit 143
+}
+trap cleanup TERM INT
+
+launch() {  # launch GPUS LOG TRAIN_FLAGS...: one train process in the background; its pid in $last
+  local gpus=$1 log=$2; shift 2
+  local env_=(CUDA_VISIBLE_DEVICES="$gpus")
+  [ -n "${CPU_DEVICES:-}" ] && env_+=(XLA_FLAGS="--xla_force_host_platform_device_count=$(ndev "$gpus")")
+  env "${env_[@]}" timeout --kill-after=15 "$LIMIT" "$PY" -m uniclr_tf.train "${COMMON[@]}" "$@" > "$log" 2>&1 &
+  last=$!
+  children+=("$last")
+}
+
+show() {  # the last lines of a run's log, without the noise, and the NCCL transports it used
+  grep -v -E "$NOISE| NCCL INFO " "$1" | tail -n "${2:-12}" | sed 's/^/    /'
+  grep -h -o -E "NCCL version [^ ]+|via (P2P|SHM|NET|NVLS|COLLNET)[A-Za-z0-9/]*" "$1" | sort | uniq -c | head -6 | sed 's/^/    nccl: /'
+}
+
+record() {  # record NAME RC SECONDS GPUS PROCESSES, then rewrite the summary
+  echo "rc=$2 seconds=$3 gpus=$4 gpus_n=$(ndev "$4") processes=$5" > "$RUNS/$1.status"
+  "$PY" -m benchmarks.scaling_summary --runs="$RUNS" --out="$OUT/scaling.json" --quiet \
+    || echo "scaling_summary failed (exit $?)"
+}
+
+single() {  # single NAME GPUS TRAIN_FLAGS...: one process on the GPUs named, waited for
+  local name=$1 gpus=$2; shift 2
+  rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
+  stamp "$name: CUDA_VISIBLE_DEVICES=$gpus $*"
+  local t0; t0=$(now)
+  launch "$gpus" "$LOGS/$name.log" --run_name="$name" "$@"
+  wait "$last"; local rc=$?
+  local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
+  stamp "$name: exit $rc after $secs s"
+  show "$LOGS/$name.log" $([ "$rc" = 0 ] && echo 8 || echo 40)
+  record "$name" "$rc" "$secs" "$gpus" 1
+}
+
+multi() {  # multi NAME N TRAIN_FLAGS...: N processes x 1 GPU (GPU i for process i), waited for
+  local name=$1 n=$2; shift 2
+  rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
+  local port=$((20000 + RANDOM % 20000)) pids=() i rc=0 r gpus
+  gpus=$(seq -s, 0 $((n - 1)))
+  stamp "$name: $n processes x 1 GPU, coordinator 127.0.0.1:$port, $*"
+  local t0; t0=$(now)
+  for ((i = 0; i < n; i++)); do
+    launch "$i" "$LOGS/$name-$i.log" --run_name="$name" --strategy=data_parallel --num_processes="$n" \
+      --process_id="$i" --coordinator_address="127.0.0.1:$port" "$@"
+    pids+=("$last")
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"; r=$?
+    [ "$r" != 0 ] && { echo "  $name process $i: exit $r"; [ "$rc" = 0 ] && rc=$r; }
+  done
+  local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
+  stamp "$name: exit $rc after $secs s"
+  show "$LOGS/$name-0.log" $([ "$rc" = 0 ] && echo 8 || echo 40)
+  if [ "$rc" != 0 ]; then for ((i = 1; i < n; i++)); do echo "  -- process $i:"; show "$LOGS/$name-$i.log" 15; done; fi
+  record "$name" "$rc" "$secs" "$gpus" "$n"
+}
+
+parity() {  # p1 and p2: concurrently when their GPUs differ
+  local flags=(--batch_size="$PARITY_BATCH" --epochs=1 --steps_per_epoch=5 --seed=0)
+  local overlap=0 g
+  for g in ${P1_GPUS//,/ }; do [[ ",$P2_GPUS," == *",$g,"* ]] && overlap=1; done
+  if [ "$overlap" = 0 ] && want p1 && want p2; then
+    stamp "p1 (CUDA_VISIBLE_DEVICES=$P1_GPUS) and p2 (CUDA_VISIBLE_DEVICES=$P2_GPUS, data_parallel) at once: ${flags[*]}"
+    rm -rf "${RUNS:?}/p1" "$RUNS/p2" "$RUNS/p1.status" "$RUNS/p2.status"
+    local t0; t0=$(now)
+    launch "$P1_GPUS" "$LOGS/p1.log" --run_name=p1 "${flags[@]}"; local a=$last
+    launch "$P2_GPUS" "$LOGS/p2.log" --run_name=p2 --strategy=data_parallel "${flags[@]}"; local b=$last
+    wait "$a"; local ra=$?
+    local sa; sa=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
+    wait "$b"; local rb=$?
+    local sb; sb=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
+    stamp "p1: exit $ra after $sa s; p2: exit $rb after $sb s"
+    show "$LOGS/p1.log" $([ "$ra" = 0 ] && echo 4 || echo 40)
+    show "$LOGS/p2.log" $([ "$rb" = 0 ] && echo 4 || echo 40)
+    echo "rc=$ra seconds=$sa gpus=$P1_GPUS gpus_n=$(ndev "$P1_GPUS") processes=1" > "$RUNS/p1.status"
+    record p2 "$rb" "$sb" "$P2_GPUS" 1
+  else
+    want p1 && single p1 "$P1_GPUS" "${flags[@]}"
+    want p2 && single p2 "$P2_GPUS" --strategy=data_parallel "${flags[@]}"
+  fi
+  for n in p1 p2; do
+    [ -f "$RUNS/$n/history.json" ] && echo "  $n epoch 1: $("$PY" -c "import json,sys; e=json.load(open(sys.argv[1]))[0]; print(json.dumps({k: e.get(k) for k in ('loss','step_seconds')}))" "$RUNS/$n/history.json")"
+  done
+}
+
+stamp "scaling: ONLY='$ONLY' EPOCHS=$EPOCHS LIMIT=$LIMIT PER_GPU=$PER_GPU STRONG=$STRONG runs in $RUNS"
+{ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader; } > "$RUNS/gpus.txt" 2>&1
+cat "$RUNS/gpus.txt"
+echo "$PY -m uniclr_tf.train ${COMMON[*]} (EPOCHS=$EPOCHS LIMIT=$LIMIT)" > "$RUNS/command.txt"
+
+want g1 && single g1 0 --batch_size="$PER_GPU"
+want g2 && single g2 0,1 --batch_size=$((2 * PER_GPU)) --strategy=data_parallel
+want g4 && single g4 0,1,2,3 --batch_size=$((4 * PER_GPU)) --strategy=data_parallel
+want p4 && multi p4 4 --batch_size=$((4 * PER_GPU))
+want s1 && single s1 0 --batch_size="$STRONG"
+if { want s1 || want s4; } && [ "$STRONG" != $((2 * PER_GPU)) ]; then
+  echo "s2: STRONG=$STRONG is not g2's batch: the strong-scaling point at 2 GPUs is not measured"
 fi
-if [[ " $ONLY " == *" g2 "* ]]; then
-  CUDA_VISIBLE_DEVICES=0,1 train --run_name=g2 --batch_size=1024 --strategy=data_parallel > "$OUT/g2.log" 2>&1; echo "g2 exit $?"
-fi
-port=$((20000 + RANDOM % 10000))
-[[ " $ONLY " == *" p2 "* ]] && for i in 0 1; do
-  CUDA_VISIBLE_DEVICES=$i train --run_name=p2 --batch_size=1024 --strategy=data_parallel --num_processes=2 \
-    --process_id=$i --coordinator_address=127.0.0.1:$port > "$OUT/p2-$i.log" 2>&1 &
-done
-wait; echo "p2 done"
-python3 - "$OUT" <<'PY'
-import json, sys
-out = sys.argv[1]; rows = {}
-for name, gpus in (("g1", 1), ("g2", 2), ("p2", 2)):
-    try:
-        h = json.load(open(f"/tmp/scaling/{name}/history.json"))
-        cfg = json.load(open(f"/tmp/scaling/{name}/config.json"))
-    except OSError as e:
-        rows[name] = {"error": str(e)}; continue
-    steps, batch = cfg["steps_per_epoch"], cfg["batch_size"]
-    secs = h[-1]["wall_seconds"] - h[0]["wall_seconds"]
-    rate = (len(h) - 1) * steps * batch / secs
-    rows[name] = {"gpus": gpus, "batch": batch, "images_per_s": rate, "per_gpu": rate / gpus,
-                  "first_epoch_s": h[0]["wall_seconds"], "epochs": len(h)}
-base = rows.get("g1", {}).get("per_gpu")
-for r in rows.values():
-    if base and "per_gpu" in r:
-        r["weak_scaling_efficiency"] = r["per_gpu"] / base
-json.dump(rows, open(f"{out}/scaling.json", "w"), indent=2)
-for k, r in rows.items(): print(k, r)
-PY
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+want s4 && single s4 0,1,2,3 --batch_size="$STRONG" --strategy=data_parallel
+{ want p1 || want p2; } && parity
+
+stamp "scaling done"
+"$PY" -m benchmarks.scaling_summary --runs="$RUNS" --out="$OUT/scaling.json"
