@@ -30,9 +30,10 @@ The subset is the union over the classes, sorted (file order). It depends only o
 and ``seed`` (``--seed``, a non-negative integer); each class's draw depends only on its own members
 (adding images of one class never changes another class's choice); a larger ``f`` does not
 necessarily contain a smaller one's. ``f = 1`` keeps the whole split (nothing is drawn). The results
-record ``label_subset``: ``fraction``, ``seed``, ``size`` (of ``of``), the classes and the smallest /
-largest per-class count, the ``sha256`` of the indices (int64 little-endian bytes) and the first 10
-indices, so that two results can be checked to use the same images.
+record ``label_subset``: ``fraction``, ``seed``, ``size`` (of ``of``) and, when ``f < 1``, the
+classes and the smallest / largest per-class count, the ``sha256`` of the indices (int64
+little-endian bytes) and the first 10 indices, so that two results can be checked to use the same
+images.
 
 Only the standard library and NumPy are imported at module level; TensorFlow only when the
 training split is streamed (``tfds:``).
@@ -102,16 +103,14 @@ def indices_sha256(indices):
 
 
 def subset_record(indices, labels, fraction, seed):
-    """What the results say about a labelled subset (``indices`` into the split's ``labels``)."""
+    """What the results say about a drawn labelled subset (``indices`` into the split's ``labels``)."""
     counts = np.bincount(np.asarray(labels)[indices]) if len(indices) else np.zeros((0,), np.int64)
     counts = counts[counts > 0]
-    record = {"fraction": float(fraction), "seed": int(seed), "size": int(len(indices)), "of": int(len(labels)),
-              "classes": int(len(counts)), "min_per_class": int(counts.min()) if len(counts) else 0,
-              "max_per_class": int(counts.max()) if len(counts) else 0}
-    if fraction < ALL_LABELS:
-        record.update(rule="per class c: default_rng([seed, c]).permutation, first max(1, floor(f*n_c + 0.5))",
-                      sha256=indices_sha256(indices), first_indices=[int(i) for i in indices[:RECORDED_INDICES]])
-    return record
+    return {"fraction": float(fraction), "seed": int(seed), "size": int(len(indices)), "of": int(len(labels)),
+            "classes": int(len(counts)), "min_per_class": int(counts.min()) if len(counts) else 0,
+            "max_per_class": int(counts.max()) if len(counts) else 0,
+            "rule": "per class c: default_rng([seed, c]).permutation, first max(1, floor(f*n_c + 0.5))",
+            "sha256": indices_sha256(indices), "first_indices": [int(i) for i in indices[:RECORDED_INDICES]]}
 
 
 def split_labels(info, split="train"):
@@ -129,7 +128,7 @@ def labelled_subset(info, fraction, seed):
 
     In-memory splits are indexed; a streamed split is read once for its labels, then filtered by
     position (its order is fixed: TFDS files are read unshuffled). ``fraction = 1`` returns ``info``
-    itself.
+    itself, recorded as ``{"fraction": 1.0, "seed", "size", "of"}`` (nothing drawn, nothing read).
 
     Raises:
       uniclr_tf.data.DataError: unlabelled training examples, naming the dataset.
@@ -137,14 +136,14 @@ def labelled_subset(info, fraction, seed):
     from uniclr_tf.data import DataError, Split
 
     fraction = check_label_fraction(fraction)
+    if fraction == ALL_LABELS:
+        return info, {"fraction": fraction, "seed": int(seed), "size": int(info.num_train), "of": int(info.num_train)}
     labels = split_labels(info, "train")
     try:
         indices = label_subset(labels, fraction, seed)
     except ValueError as e:
         raise DataError(f"{info.spec or info.name}: training split: {e}") from None
     record = subset_record(indices, labels, fraction, seed)
-    if fraction == ALL_LABELS:
-        return info, record
     part = info.split("train")
     if part.in_memory:
         images, kept = part.images[indices], part.labels[indices]
