@@ -11,8 +11,9 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 setup: $(STAMP)
 
 # The pinned requirements.txt, then this package, editable and with --no-deps (the pins are the
-# environment; pyproject.toml only declares ranges), which adds the uniclr-train, uniclr-eval and
-# uniclr-export commands. setuptools >= 77 builds pyproject.toml's licence field, without a download.
+# environment; pyproject.toml only declares ranges), which adds the uniclr-train, uniclr-eval,
+# uniclr-finetune and uniclr-export commands. setuptools >= 77 builds pyproject.toml's licence
+# field, without a download.
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=77"

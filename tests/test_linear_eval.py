@@ -1,4 +1,6 @@
-"""Linear evaluation and kNN of a real (tiny) pretraining run folder on a Fashion-MNIST slice."""
+"""Linear evaluation and kNN of a real (tiny) pretraining run folder on a Fashion-MNIST slice, on
+another dataset (transfer to a synthetic folder of PNGs) and on a labelled subset (semi-supervised),
+and the subset rule itself (:mod:`uniclr_tf.protocols`) against a NumPy reference."""
 
 import json
 import os
@@ -11,9 +13,12 @@ import keras
 import numpy as np
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, write_stripes_folder
 
 from uniclr_tf import linear_eval as le
+from uniclr_tf import protocols
+
+FULL_KEY = "linear[fashion_mnist, labels=100%]"
 
 
 def run_module(module, *args, backend="tensorflow", timeout=300):
@@ -23,22 +28,9 @@ def run_module(module, *args, backend="tensorflow", timeout=300):
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """One real ``uniclr_tf.train`` run (2 steps of a width-8 tiny encoder, 512 images a split).
-
-    The train entry point's own flags -> config -> ``run`` path, in-process (a subprocess would
-    spend more time starting TensorFlow than training).
-    """
-    from absl import flags
-    from uniclr_tf import train
-    parent = tmp_path_factory.mktemp("runs")
-    fv = flags.FlagValues()
-    train.define_flags(fv)
-    fv(["train", f"--flagfile={REPO_ROOT / 'configs' / 'quickstart.flags'}", "--max_examples=512", "--epochs=1",
-        "--steps_per_epoch=2", "--batch_size=64", "--encoder_width=8", "--projector_dims=64,32", "--knn_every=0",
-        f"--run_dir={parent}", "--run_name=run"])
-    path, _ = train.run(train.config_from_flags(fv))
-    return Path(path)
+def run_dir(tiny_run):
+    """The shared tiny SimCLR run (tests/conftest.py)."""
+    return tiny_run
 
 
 def last_line(text):
@@ -81,7 +73,8 @@ def test_linear_eval_then_knn_report_and_merge_into_one_json(run_dir, capsys):
     line = last_line(capsys.readouterr().out)
     assert line.startswith("linear eval top-1 ") and " top-5 " in line, line
     results = json.loads((run_dir / "linear_eval.json").read_text())
-    linear = results["linear"]
+    assert results["pretraining_dataset"] == "fashion_mnist" and results["run_dir"] == str(run_dir)
+    linear = results[FULL_KEY]
     assert 0.0 <= linear["top1"] <= linear["top5"] <= 1.0
     assert float(line.split()[3]) == pytest.approx(linear["top1"], abs=1e-4)
     assert float(line.split()[5]) == pytest.approx(linear["top5"], abs=1e-4)
@@ -90,6 +83,9 @@ def test_linear_eval_then_knn_report_and_merge_into_one_json(run_dir, capsys):
     assert settings["learning_rate"] == 30.0 and settings["peak_learning_rate"] == 7.5
     assert settings["momentum"] == 0.9 and settings["weight_decay"] == 0.0 and settings["steps"] == 16
     assert settings["num_train"] == 512 and settings["num_test"] == 512
+    assert settings["dataset"] == "fashion_mnist"
+    subset = settings["label_subset"]
+    assert subset == {"fraction": 1.0, "seed": 0, "size": 512, "of": 512}  # nothing drawn
     assert settings["backend"] == keras.backend.backend()
     assert any((run_dir / le.TB_DIR).rglob("*tfevents*"))
 
@@ -99,8 +95,8 @@ def test_linear_eval_then_knn_report_and_merge_into_one_json(run_dir, capsys):
     line = last_line(capsys.readouterr().out)
     assert line.startswith("kNN top-1 ") and " top-5 " in line, line
     results = json.loads((run_dir / "linear_eval.json").read_text())
-    assert results["linear"] == linear  # merged, not overwritten
-    knn = results["knn"]
+    assert results[FULL_KEY] == linear  # merged, not overwritten
+    knn = results["knn[fashion_mnist, labels=100%]"]
     assert 0.1 < knn["top1"] <= knn["top5"] <= 1.0
     assert float(line.split()[2]) == pytest.approx(knn["top1"], abs=1e-4)
     assert knn["settings"]["k"] == 20 and knn["settings"]["memory_bank"] == 512
@@ -112,7 +108,7 @@ def test_cli_under_jax_with_augmentation(run_dir, tmp_path):
                       "--batch_size=128", f"--out={out}", backend="jax")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert last_line(proc.stdout).startswith("linear eval top-1 ")
-    linear = json.loads(out.read_text())["linear"]
+    linear = json.loads(out.read_text())[FULL_KEY]
     assert linear["settings"]["backend"] == "jax" and linear["settings"]["augment"] is True
     assert linear["settings"]["steps"] == 4 and 0.0 <= linear["top1"] <= linear["top5"] <= 1.0
 
@@ -137,7 +133,7 @@ def test_cli_bad_run_folder_exits_with_one_line(what, run_dir, tmp_path):
 
 def test_unlabelled_run_is_refused(run_dir, tmp_path):
     target = tmp_path / "unlabelled"
-    shutil.copytree(run_dir, target, ignore=shutil.ignore_patterns("tb", "checkpoints", le.TB_DIR))
+    shutil.copytree(run_dir, target, ignore=shutil.ignore_patterns("tb", "backup", "finetune", le.TB_DIR))
     meta = json.loads((target / "dataset.json").read_text())
     meta["num_classes"] = None
     (target / "dataset.json").write_text(json.dumps(meta))
@@ -174,3 +170,131 @@ def test_backbone_is_frozen_during_augmented_linear_eval(loaded):
     assert encoder.trainable  # restored
     assert result["settings"]["steps"] == 4 and np.isfinite(result["train_loss"])
     assert 0.0 <= result["top1"] <= result["top5"] <= 1.0
+
+
+# --- the labelled subset (semi-supervised protocol) --------------------------------------------
+
+
+def reference_subset(labels, fraction, seed):
+    """The rule as documented (uniclr_tf/protocols.py, README): per class c in increasing order,
+    default_rng([seed, c]).permutation(n_c), the first max(1, floor(f * n_c + 0.5)); sorted union."""
+    keep = []
+    for c in sorted(set(labels.tolist())):
+        members = np.nonzero(labels == c)[0]
+        k = max(1, int(np.floor(fraction * len(members) + 0.5)))
+        keep.extend(members[np.random.default_rng([seed, c]).permutation(len(members))[:k]])
+    return np.sort(np.array(keep, np.int64))
+
+
+def test_label_subset_is_the_documented_class_balanced_rule():
+    labels = np.random.default_rng(7).integers(0, 10, 3000)
+    labels[labels == 9] = 8
+    labels[17] = 9  # a class of one example keeps it
+    for fraction in (0.01, 0.1, 0.25, 1.0):
+        for seed in (0, 1, 5):
+            got = protocols.label_subset(labels, fraction, seed)
+            np.testing.assert_array_equal(got, reference_subset(labels, fraction, seed))
+            assert got.dtype == np.int64 and np.all(np.diff(got) > 0)
+            for c in range(10):  # class-balanced: the documented count of every class
+                n_c = int(np.sum(labels == c))
+                assert np.sum(labels[got] == c) == max(1, int(np.floor(fraction * n_c + 0.5))), (fraction, c)
+    np.testing.assert_array_equal(protocols.label_subset(labels, 1.0, 3), np.arange(3000))
+    a, b = protocols.label_subset(labels, 0.1, 0), protocols.label_subset(labels, 0.1, 1)
+    np.testing.assert_array_equal(a, protocols.label_subset(labels.copy(), 0.1, 0))  # deterministic
+    assert len(a) == len(b) and not np.array_equal(a, b)  # another seed, another subset of the same size
+    # each class's draw depends only on its own members: more images of class 0 leave class 3's choice alone
+    more = np.concatenate([labels, np.zeros(200, labels.dtype)])
+    in_class = lambda idx, lab: idx[lab[idx] == 3]  # noqa: E731
+    np.testing.assert_array_equal(in_class(protocols.label_subset(more, 0.1, 0), more), in_class(a, labels))
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="label_fraction"):
+            protocols.label_subset(labels, bad, 0)
+    with pytest.raises(ValueError, match="unlabelled"):
+        protocols.label_subset(np.array([0, 1, -1]), 0.5, 0)
+    assert protocols.section_key("linear", "tfds:cifar10", 0.01, 0) == "linear[tfds:cifar10, labels=1%, seed=0]"
+    assert protocols.section_key("knn", "fashion_mnist", 1.0, 4) == "knn[fashion_mnist, labels=100%]"
+
+
+def test_label_fraction_trains_and_records_exactly_the_subset(run_dir, loaded):
+    info = le.load_run_data(loaded)
+    labels = np.asarray(info.split("train").labels)
+    expected = {seed: reference_subset(labels, 0.1, seed) for seed in (0, 1)}
+    sub, record = protocols.labelled_subset(info, 0.1, 0)  # the split linear_eval trains on
+    np.testing.assert_array_equal(sub.split("train").images, info.split("train").images[expected[0]])
+    np.testing.assert_array_equal(sub.split("train").labels, labels[expected[0]])
+    assert sub.split("test") is info.split("test") and sub.num_test == info.num_test  # the whole test split
+
+    out = {}
+    for seed in (0, 1):
+        le.run(parse_cli(f"--run_dir={run_dir}", "--label_fraction=0.1", f"--seed={seed}", "--noaugment",
+                         "--epochs=1", "--batch_size=16"))
+        results = json.loads((run_dir / "linear_eval.json").read_text())
+        section = results[f"linear[fashion_mnist, labels=10%, seed={seed}]"]
+        subset = section["settings"]["label_subset"]
+        assert subset["sha256"] == protocols.indices_sha256(expected[seed]), seed
+        assert subset["first_indices"] == expected[seed][:10].tolist()
+        assert subset["size"] == section["settings"]["num_train"] == len(expected[seed]) and subset["of"] == 512
+        assert subset["min_per_class"] >= 1 and subset["classes"] == 10 and subset["seed"] == seed
+        assert section["settings"]["steps"] == -(-len(expected[seed]) // 16)  # one epoch over the subset
+        assert section["settings"]["num_test"] == 512
+        out[seed] = subset
+    assert out[0]["sha256"] != out[1]["sha256"]
+    le.run(parse_cli(f"--run_dir={run_dir}", "--label_fraction=0.1", "--knn", "--knn_k=5"))
+    knn = json.loads((run_dir / "linear_eval.json").read_text())["knn[fashion_mnist, labels=10%, seed=0]"]
+    assert knn["settings"]["memory_bank"] == len(expected[0])
+    assert knn["settings"]["label_subset"]["sha256"] == out[0]["sha256"]
+
+
+def test_labelled_subset_of_a_streamed_tfds_split():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from uniclr_tf import data
+    with tfds.testing.mock_data(num_examples=60):
+        info = data.load_dataset("tfds:cifar10")
+        assert not info.split("train").in_memory
+        images, labels = data.as_numpy(info, "train")
+        sub, record = protocols.labelled_subset(info, 0.2, 3)
+        expected = reference_subset(labels, 0.2, 3)
+        got_images, got_labels = data.as_numpy(sub, "train")
+        assert sub.num_train == record["size"] == len(expected) == len(got_labels)
+        np.testing.assert_array_equal(got_labels, labels[expected])
+        np.testing.assert_array_equal(got_images, images[expected])
+        assert record["sha256"] == protocols.indices_sha256(expected)
+
+
+# --- transfer: another dataset ------------------------------------------------------------------
+
+
+def test_transfer_to_a_folder_dataset_records_its_own_section(run_dir, stripes_folder, capsys):
+    spec = f"folder:{stripes_folder}"
+    info = le.load_run_data(le.check_run_dir(str(run_dir)), dataset=spec)
+    assert info.image_shape == (28, 28, 1)  # 32x32 PNGs resized to the encoder's input size
+    assert (info.num_train, info.num_test, info.num_classes) == (400, 200, 4)
+    le.run(parse_cli(f"--run_dir={run_dir}", f"--dataset={spec}", "--noaugment", "--epochs=3", "--batch_size=64"))
+    assert last_line(capsys.readouterr().out).startswith("linear eval top-1 ")
+    results = json.loads((run_dir / "linear_eval.json").read_text())
+    section = results[f"linear[{spec}, labels=100%]"]
+    settings = section["settings"]
+    assert settings["dataset"] == spec and settings["num_classes"] == 4
+    assert settings["mean"] == pytest.approx(le.load_run(str(run_dir)).mean)  # pretraining's, not the folder's
+    assert settings["mean"] != pytest.approx(info.mean, abs=0.05)
+    assert (settings["num_train"], settings["num_test"]) == (400, 200)
+    assert section["top1"] > 0.4, section  # chance: 0.25 (easy stripes, precomputed features)
+    assert results["pretraining_dataset"] == "fashion_mnist"
+    assert any((run_dir / le.TB_DIR / protocols.folder_name(spec, 1.0, 0)).rglob("*tfevents*"))
+
+
+def test_transfer_errors_are_one_line_naming_the_dataset_flag(run_dir, tmp_path):
+    from uniclr_tf.data import DataError
+    folder = le.check_run_dir(str(run_dir))
+    rgb = write_stripes_folder(tmp_path / "rgb", 2, 1, channels=3)
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for png in (write_stripes_folder(tmp_path / "grey", 2, 1) / "train" / "class0").iterdir():
+        shutil.copy(png, flat / png.name)
+    cases = {f"folder:{rgb}": "channel", "nonsense": "unknown dataset spec", f"folder:{tmp_path / 'none'}":
+             "no such folder", f"folder:{flat}": "unlabelled"}
+    for spec, words in cases.items():
+        with pytest.raises(DataError) as error:
+            le.load_run_data(folder, dataset=spec)
+        message = str(error.value)
+        assert message.startswith(f"--dataset={spec}: ") and words in message and "\n" not in message, message

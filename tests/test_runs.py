@@ -212,6 +212,8 @@ def test_build_optimizer_classes_and_lars_exclusions():
     sgd = build_optimizer("sgd", 0.1, momentum=0.9)
     assert type(sgd) is keras.optimizers.SGD and sgd.momentum == 0.9 and sgd.weight_decay is None
     assert build_optimizer("sgd", 0.1, weight_decay=5e-4).weight_decay == 5e-4
+    assert not sgd.nesterov and not lars.nesterov
+    assert build_optimizer("sgd", 0.1, nesterov=True).nesterov and build_optimizer("lars", 0.1, nesterov=True).nesterov
     adamw = build_optimizer("adamw", 1e-3, weight_decay=0.05)
     assert type(adamw) is keras.optimizers.AdamW and adamw.weight_decay == 0.05
     with pytest.raises(ValueError, match="LARS options"):

@@ -1,6 +1,8 @@
-r"""Linear evaluation (and weighted kNN) of a pretrained backbone.
+r"""Linear evaluation (and weighted kNN) of a pretrained backbone, on any dataset, with any share of labels.
 
     python -m uniclr_tf.linear_eval --run_dir=runs/demo [--noaugment] [--knn] [--flag=value ...]
+    python -m uniclr_tf.linear_eval --run_dir=runs/demo --dataset=tfds:cifar10       # transfer
+    python -m uniclr_tf.linear_eval --run_dir=runs/demo --label_fraction=0.01 --seed=0  # semi-supervised
 
 The protocol is the UniCLR paper's (its §4.1, the usual SimCLR/MoCo protocol): the backbone is
 frozen (inference-mode batch norm, no gradient reaches it) and a single linear layer is trained on
@@ -16,8 +18,29 @@ test accuracies are only monitored (TensorBoard ``RUN/linear_eval_tb``).
 
 ``--knn`` runs the weighted kNN classifier instead (``uniclr_tf.evaluation.knn_eval``, the one the
 training monitor uses; k=200, T=0.1: ℓ2-normalised backbone features, training split as the
-memory bank). Both modes merge their section (``"linear"`` or ``"knn"``)
-into ``RUN/linear_eval.json`` (or ``--out``), keeping the other one.
+memory bank).
+
+The protocol: dataset and labels
+--------------------------------
+``--dataset`` (empty: the pretraining dataset, reloaded as pretraining saw it) evaluates on any
+spec :func:`uniclr_tf.data.load_dataset` understands (``fashion_mnist``, ``tfds:NAME[:SPLIT]``,
+``folder:PATH``; ``--data_dir`` for its data directory): a *transfer* evaluation. Its images are
+resized to the encoder's input size (``dataset.json``'s ``image_shape``; bilinear, antialiased, the
+aspect ratio not kept) and normalised with the run's PRETRAINING mean/std (not the new dataset's,
+which the encoder never saw); their channel count must be the run's (else one error line naming
+``--dataset``). ``--max_examples`` caps each of its splits (0: all).
+
+``--label_fraction=f`` (0 < f ≤ 1; default 1) is the semi-supervised protocol: the classifier (or
+the kNN memory bank) sees only a fixed, class-balanced subset of the labelled training split,
+drawn per ``--seed`` by the rule of :mod:`uniclr_tf.protocols` (per class ``c`` of ``n_c``
+examples: ``numpy.random.default_rng([seed, c]).permutation(n_c)``, the first
+``max(1, floor(f · n_c + 0.5))``); the test split is always whole. The results record the
+subset (size, SHA-256 of its indices, first indices).
+
+Each protocol merges its own section into ``RUN/linear_eval.json`` (or ``--out``), keeping the
+others, under its name (:func:`uniclr_tf.protocols.section_key`): ``linear[fashion_mnist,
+labels=100%]``, ``knn[fashion_mnist, labels=100%]``, ``linear[tfds:cifar10, labels=1%, seed=0]``
+(the seed is named when it picks the subset). TensorBoard logs go to ``RUN/linear_eval_tb/<protocol>``.
 
 The run folder is one written by ``uniclr_tf.train``: ``encoder.keras`` (normalised float images
 ``[B, H, W, C]`` -> features ``[B, F]``), ``dataset.json`` (shape, classes, the normalisation
@@ -29,12 +52,11 @@ Features come from :func:`uniclr_tf.evaluation.extract_features` and the optimiz
 Library use needs no flags::
 
     run = load_run("runs/demo")
-    info = load_run_data(run)
-    result = linear_eval(run.encoder, info, epochs=100, mean=run.mean, std=run.std)
+    info = load_run_data(run)                     # or load_run_data(run, dataset="tfds:cifar10")
+    result = linear_eval(run.encoder, info, epochs=100, mean=run.mean, std=run.std, label_fraction=0.1)
 """
 
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -43,7 +65,7 @@ from typing import Optional
 
 import numpy as np
 
-from uniclr_tf import runs
+from uniclr_tf import protocols, runs
 from uniclr_tf.evaluation import extract_features
 from uniclr_tf.knn import topk_accuracy
 from uniclr_tf.runs import RunFolderError
@@ -131,34 +153,71 @@ def load_run(run_dir: str, require_labels: bool = True) -> Run:
     return Run(folder=folder, encoder=folder.load_encoder())
 
 
-def load_run_data(run: Run, max_examples: Optional[int] = None):
-    """Reloads the run's dataset as pretraining saw it (same spec, data_dir, image_size).
+def load_run_data(run, max_examples: Optional[int] = None, dataset: str = "", data_dir: str = ""):
+    """The labelled dataset a run is evaluated on: its own, or another one (transfer).
 
     Args:
-      run: from :func:`load_run`.
-      max_examples: cap EACH split at this many examples; None uses the run's own
-        ``max_examples`` (0 there: all).
+      run: a :class:`Run` (:func:`load_run`) or its :class:`uniclr_tf.runs.RunFolder`
+        (:func:`check_run_dir`: the data can be loaded and checked before the encoder).
+      max_examples: cap EACH split at this many examples; None: for the run's own dataset its
+        pretraining ``max_examples`` (0 there: all), for another dataset all.
+      dataset: the ``--dataset`` spec. Empty, or the run's own spec: the pretraining dataset as
+        pretraining saw it (same spec, data_dir, image_size). Another spec: loaded from ``data_dir``
+        (empty: its source's default) at the encoder's input size (``dataset.json``'s image shape).
+      data_dir: the data directory of ``dataset`` (ignored for the run's own dataset).
 
     Returns:
-      A :class:`uniclr_tf.data.DatasetInfo`, checked against ``dataset.json`` and for labels.
+      A :class:`uniclr_tf.data.DatasetInfo` of the run's image shape, with labels and a test split.
+
+    Raises:
+      RunError: the run's own dataset reloads differently from ``dataset.json``, or is unusable.
+      uniclr_tf.data.DataError: another dataset that cannot be loaded or used (unknown spec,
+        missing data, other channel count, no labels, no test split); one line starting with
+        ``--dataset=SPEC:``.
     """
     from uniclr_tf import data
 
-    cfg, folder = run.config, run.folder
-    spec = folder.dataset_spec
-    if not spec:
+    folder = run.folder if isinstance(run, Run) else run
+    cfg, own = folder.config, folder.dataset_spec
+    if dataset and dataset != own:
+        return _load_transfer_data(folder, dataset, data_dir, max_examples)
+    if not own:
         raise folder.error(runs.CONFIG_FILE, "names no dataset (nor does dataset.json)")
     cap = max_examples if max_examples else (cfg.get("max_examples") or None)
-    info = data.load_dataset(spec, image_size=cfg.get("image_size") or None, data_dir=cfg.get("data_dir") or None,
+    info = data.load_dataset(own, image_size=cfg.get("image_size") or None, data_dir=cfg.get("data_dir") or None,
                              skip_bad_files=bool(cfg.get("skip_bad_files", False)), max_examples=cap)
-    if tuple(info.image_shape) != run.image_shape:
-        raise RunError(f"run folder {folder.path!r}: {spec} reloads as images {tuple(info.image_shape)} but "
-                       f"dataset.json says {run.image_shape}")
+    if tuple(info.image_shape) != folder.image_shape:
+        raise RunError(f"run folder {folder.path!r}: {own} reloads as images {tuple(info.image_shape)} but "
+                       f"dataset.json says {folder.image_shape}")
     if not info.num_classes:
-        raise RunError(f"run folder {folder.path!r}: dataset {spec!r} is unlabelled; linear and kNN evaluation "
+        raise RunError(f"run folder {folder.path!r}: dataset {own!r} is unlabelled; linear and kNN evaluation "
                        f"need labels")
     if info.num_test == 0:
-        raise RunError(f"run folder {folder.path!r}: dataset {spec!r} has an empty test split")
+        raise RunError(f"run folder {folder.path!r}: dataset {own!r} has an empty test split")
+    return info
+
+
+def _load_transfer_data(folder, dataset, data_dir, max_examples):
+    """:func:`load_run_data` of another dataset than the run's: every error is one ``DataError``
+    line naming ``--dataset``."""
+    from uniclr_tf import data
+
+    where = f"--dataset={dataset}"
+    height, width, channels = folder.image_shape
+    try:
+        info = data.load_dataset(dataset, image_size=(height, width), data_dir=data_dir or None,
+                                 max_examples=max_examples or None)
+    except ValueError as e:  # DataError, or a malformed spec
+        raise data.DataError(f"{where}: {e}") from None
+    if info.image_shape[-1] != channels:
+        raise data.DataError(f"{where}: its images have {info.image_shape[-1]} channel(s) but the encoder of "
+                             f"{folder.path!r} takes {channels} (dataset.json image_shape "
+                             f"{list(folder.image_shape)}); evaluate on a dataset with {channels} channel(s)")
+    if not info.num_classes:
+        raise data.DataError(f"{where}: the dataset is unlabelled; evaluation needs labels (a folder: one "
+                             f"sub-folder per class)")
+    if info.num_test == 0:
+        raise data.DataError(f"{where}: the test split is empty")
     return info
 
 
@@ -186,7 +245,8 @@ def _split_features(encoder, preprocess, info, split, batch_size):
     return features, labels
 
 
-def _check_labels(labels, num_classes, split):
+def check_labels(labels, num_classes, split):
+    """Raises :class:`RunError` unless every label of ``split`` lies in ``[0, num_classes)``."""
     if labels.min() < 0 or labels.max() >= num_classes:
         raise RunError(f"split {split!r} has labels outside [0, {num_classes}) (range [{labels.min()}, "
                        f"{labels.max()}]; -1 means unlabelled)")
@@ -226,7 +286,7 @@ def _test_monitor(head, test_features, test_labels):
 def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learning_rate: float = 30.0,
                 momentum: float = 0.9, weight_decay: float = 0.0, optimizer: str = "sgd",
                 augment: bool = True, mean=None, std=None, seed: int = 0, tb_dir: Optional[str] = None,
-                feature_batch_size: int = 512, verbose=1) -> dict:
+                feature_batch_size: int = 512, verbose=1, label_fraction: float = 1.0) -> dict:
     """Trains a linear classifier on the frozen ``encoder``; returns test top-1/top-5 and settings.
 
     Args:
@@ -241,14 +301,18 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
       augment: random resized crop (area 0.08–1) + horizontal flip on the training images, the
         backbone run every step; False trains on features of the plain images, computed once.
       mean, std: the normalisation statistics of pretraining (default: ``info``'s).
-      seed: seeds the classifier's initialisation, the shuffling and the augmentation.
+      seed: seeds the classifier's initialisation, the shuffling and the augmentation, and picks
+        the labelled subset.
       tb_dir: TensorBoard log folder (None: none).
       feature_batch_size: batch of the feature extraction passes.
       verbose: Keras ``fit`` verbosity (1: progress bar).
+      label_fraction: train on this class-balanced share of the training split
+        (:func:`uniclr_tf.protocols.labelled_subset`; 1: all of it).
 
     Returns:
       ``{"top1", "top5", "train_loss", "train_top1", "settings": {...}}``; accuracies are
-      fractions in [0, 1] of the test split after the last epoch.
+      fractions in [0, 1] of the (whole) test split after the last epoch; ``settings`` names the
+      ``dataset`` and describes the ``label_subset``.
     """
     import keras
 
@@ -263,6 +327,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
     keras.utils.set_random_seed(seed)
     mean = tuple(info.mean if mean is None else mean)
     std = tuple(info.std if std is None else std)
+    info, subset = protocols.labelled_subset(info, label_fraction, seed)
     height, width, channels = info.image_shape
     preprocess = EvalPreprocess((height, width), mean, std)
     num_classes = int(info.num_classes)
@@ -271,7 +336,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
     encoder.trainable = False
     try:
         test_x, test_y = _split_features(encoder, preprocess, info, "test", feature_batch_size)
-        _check_labels(test_y, num_classes, "test")
+        check_labels(test_y, num_classes, "test")
         feature_dim = test_x.shape[1]
         init = keras.initializers.RandomNormal(stddev=0.01, seed=seed)  # as the authors' code
         head = keras.Sequential([keras.Input((feature_dim,)),
@@ -280,7 +345,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
         num_train = info.num_train
         if augment:
             if info.split("train").in_memory:  # streamed splits are checked by the loss instead
-                _check_labels(info.split("train").labels, num_classes, "train")
+                check_labels(info.split("train").labels, num_classes, "train")
             steps_per_epoch = max(num_train // batch_size, 1)
             augmenter = ViewAugmenter(global_size=(height, width), num_global=1, global_scale=CROP_SCALE,
                                       jitter_rate=0.0, grayscale_rate=0.0, blur_rate=0.0, solarize_rate=0.0,
@@ -292,7 +357,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
             fit_args = dict(x=train_ds, steps_per_epoch=steps_per_epoch)
         else:
             train_x, train_y = _split_features(encoder, preprocess, info, "train", feature_batch_size)
-            _check_labels(train_y, num_classes, "train")
+            check_labels(train_y, num_classes, "train")
             steps_per_epoch = math.ceil(num_train / batch_size)
             model = head
             fit_args = dict(x=train_x, y=train_y, batch_size=batch_size, shuffle=True)
@@ -313,6 +378,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
         "top1": acc["top1"], "top5": acc["top5"],
         "train_loss": float(logs["loss"][-1]), "train_top1": float(logs["top1"][-1]),
         "settings": {
+            "dataset": info.spec or info.name, "label_subset": subset, "mean": list(mean), "std": list(std),
             "epochs": int(epochs), "batch_size": int(batch_size), "optimizer": optimizer,
             "learning_rate": float(learning_rate),
             "peak_learning_rate": batch_size / 256 * float(learning_rate),
@@ -327,9 +393,11 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
 
 
 def knn_result(encoder, info, k: int = 200, temperature: float = 0.1, mean=None, std=None,
-               batch_size: int = 512) -> dict:
+               batch_size: int = 512, label_fraction: float = 1.0, seed: int = 0) -> dict:
     """:func:`uniclr_tf.evaluation.knn_eval` of ``encoder`` on ``info`` (training split as the
-    memory bank, test split as queries), with the settings, as ``linear_eval.json`` records it."""
+    memory bank, test split as queries), with the settings, as ``linear_eval.json`` records it.
+    ``label_fraction`` < 1 cuts the memory bank to the labelled subset drawn with ``seed``
+    (:func:`uniclr_tf.protocols.labelled_subset`)."""
     from uniclr_tf import evaluation
     from uniclr_tf.augment import EvalPreprocess
 
@@ -338,14 +406,17 @@ def knn_result(encoder, info, k: int = 200, temperature: float = 0.1, mean=None,
     start = time.time()
     mean = tuple(info.mean if mean is None else mean)
     std = tuple(info.std if std is None else std)
+    info, subset = protocols.labelled_subset(info, label_fraction, seed)
     preprocess = EvalPreprocess(tuple(info.image_shape[:2]), mean, std)
     if info.split("train").in_memory:
-        _check_labels(info.split("train").labels, int(info.num_classes), "train")
+        check_labels(info.split("train").labels, int(info.num_classes), "train")
     acc = evaluation.knn_eval(encoder, preprocess, split_source(info, "train", batch_size),
                               split_source(info, "test", batch_size), int(info.num_classes), k, temperature,
                               batch_size)
     return {"top1": acc["top1"], "top5": acc["top5"],
-            "settings": {"k": int(k), "temperature": float(temperature), "memory_bank": int(info.num_train),
+            "settings": {"dataset": info.spec or info.name, "label_subset": subset, "mean": list(mean),
+                         "std": list(std), "k": int(k),
+                         "temperature": float(temperature), "memory_bank": int(info.num_train),
                          "num_test": int(info.num_test), "seconds": round(time.time() - start, 2)}}
 
 
@@ -355,9 +426,15 @@ def knn_result(encoder, info, k: int = 200, temperature: float = 0.1, mean=None,
 
 @dataclasses.dataclass(frozen=True)
 class LinearEvalConfig:
-    """Every setting of one ``linear_eval`` invocation. Field names equal the flag names."""
+    """Every setting of one ``linear_eval`` invocation. Field names equal the flag names; the
+    order is ``--help``'s (:data:`HELP_GROUPS`)."""
 
     run_dir: str = ""
+    dataset: str = ""  # empty: the pretraining dataset
+    data_dir: str = ""
+    label_fraction: float = 1.0
+    max_examples: int = 0  # 0: as the pretraining run (another --dataset: all)
+    seed: int = 0
     epochs: int = 100
     batch_size: int = 256
     learning_rate: float = 30.0
@@ -368,8 +445,6 @@ class LinearEvalConfig:
     knn: bool = False
     knn_k: int = 200
     knn_temperature: float = 0.1
-    max_examples: int = 0  # 0: as the pretraining run
-    seed: int = 0
     out: str = ""  # empty: <run_dir>/linear_eval.json
 
     def __post_init__(self):
@@ -378,6 +453,9 @@ class LinearEvalConfig:
                 raise ValueError(f"--{field}: expected {expected}; received {getattr(self, field)!r}")
 
         check(bool(self.run_dir), "run_dir", "a run folder written by uniclr_tf.train")
+        check(0 < self.label_fraction <= 1, "label_fraction", "a number in (0, 1]")
+        check(self.max_examples >= 0, "max_examples", "an integer >= 0 (0: as the pretraining run)")
+        check(self.seed >= 0, "seed", "an integer >= 0")
         check(self.epochs >= 1, "epochs", "an integer >= 1")
         check(self.batch_size >= 1, "batch_size", "an integer >= 1")
         check(self.learning_rate > 0, "learning_rate", "a number > 0")
@@ -386,60 +464,55 @@ class LinearEvalConfig:
         check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
         check(self.knn_k >= 1, "knn_k", "an integer >= 1")
         check(self.knn_temperature > 0, "knn_temperature", "a number > 0")
-        check(self.max_examples >= 0, "max_examples", "an integer >= 0 (0: as the pretraining run)")
 
     @property
     def out_path(self):
         return self.out or os.path.join(self.run_dir, RESULTS_FILE)
 
 
-def _merge_json(path, section, value, extra):
-    """Writes ``{section: value}`` (and ``extra``) into the JSON at ``path``, keeping other sections.
-
-    Written atomically as strict JSON (a non-finite loss becomes ``null``); an unreadable
-    previous file is replaced.
-    """
-    results = {}
-    if os.path.isfile(path):
-        try:
-            with open(path) as f:
-                results = json.load(f)
-        except (OSError, ValueError):
-            results = {}
-        if not isinstance(results, dict):
-            results = {}
-    results.update(extra)
-    results[section] = value
-    runs.atomic_write_json(path, results)
-    return results
-
-
 def run(cfg: LinearEvalConfig) -> dict:
-    """Runs the evaluation ``cfg`` describes, writes the JSON, prints the one-line result."""
-    check_run_dir(cfg.run_dir)  # before the slow imports: a typo fails at once
-    run_ = load_run(cfg.run_dir)
-    info = load_run_data(run_, cfg.max_examples or None)
-    extra = {"run_dir": os.path.abspath(cfg.run_dir), "dataset": run_.folder.dataset_spec}
+    """Runs the evaluation ``cfg`` describes, merges its section into the results JSON, prints the
+    one-line result. The data is loaded (and checked) before the encoder."""
+    folder = check_run_dir(cfg.run_dir)  # before the slow imports: a typo fails at once
+    info = load_run_data(folder, cfg.max_examples or None, cfg.dataset, cfg.data_dir)
+    run_ = load_run(cfg.run_dir, require_labels=False)  # the labels that matter are the data's, checked above
+    spec = info.spec or info.name
+    key = protocols.section_key("knn" if cfg.knn else "linear", spec, cfg.label_fraction, cfg.seed)
+    extra = {"run_dir": os.path.abspath(cfg.run_dir), "pretraining_dataset": folder.dataset_spec}
     if cfg.knn:
-        result = knn_result(run_.encoder, info, cfg.knn_k, cfg.knn_temperature, run_.mean, run_.std)
-        _merge_json(cfg.out_path, "knn", result, extra)
-        print(f"kNN top-1 {result['top1']:.4f} top-5 {result['top5']:.4f}")
+        result = knn_result(run_.encoder, info, cfg.knn_k, cfg.knn_temperature, run_.mean, run_.std,
+                            label_fraction=cfg.label_fraction, seed=cfg.seed)
     else:
-        print(f"linear eval of {cfg.run_dir}: {info.num_train} training / {info.num_test} test images "
+        print(f"{key} of {cfg.run_dir}: {info.num_train} training / {info.num_test} test images "
               f"{tuple(info.image_shape)}, {cfg.epochs} epochs, batch {cfg.batch_size}, "
               f"{'augmented' if cfg.augment else 'precomputed features'}")
         result = linear_eval(run_.encoder, info, epochs=cfg.epochs, batch_size=cfg.batch_size,
                              learning_rate=cfg.learning_rate, momentum=cfg.momentum,
                              weight_decay=cfg.weight_decay, optimizer=cfg.optimizer, augment=cfg.augment,
-                             mean=run_.mean, std=run_.std, seed=cfg.seed,
-                             tb_dir=os.path.join(cfg.run_dir, TB_DIR))
-        _merge_json(cfg.out_path, "linear", result, extra)
-        print(f"linear eval top-1 {result['top1']:.4f} top-5 {result['top5']:.4f}")
+                             mean=run_.mean, std=run_.std, seed=cfg.seed, label_fraction=cfg.label_fraction,
+                             tb_dir=os.path.join(cfg.run_dir, TB_DIR,
+                                                 protocols.folder_name(spec, cfg.label_fraction, cfg.seed)))
+    protocols.merge_results(cfg.out_path, key, result, extra)
+    subset = result["settings"]["label_subset"]
+    print(f"{key}: {subset['size']} of {subset['of']} labelled training images -> {cfg.out_path}")
+    print(f"{'kNN' if cfg.knn else 'linear eval'} top-1 {result['top1']:.4f} top-5 {result['top5']:.4f}")
     return result
 
 
 HELP = {
     "run_dir": "Run folder written by uniclr_tf.train (encoder.keras, dataset.json, config.json).",
+    "dataset": "Dataset to evaluate on: fashion_mnist, tfds:NAME[:SPLIT] or folder:PATH (transfer; resized to the "
+               "encoder's input size, normalised with the run's pretraining mean/std). Empty: the pretraining "
+               "dataset.",
+    "data_dir": "Data directory of --dataset (TFDS data dir; fashion_mnist: folder of its IDX files). Empty: the "
+                "source's default (the pretraining dataset always uses the run's own).",
+    "label_fraction": "Share of the labelled training split to train on, in (0, 1] (semi-supervised protocol: "
+                      "0.01, 0.1): per class c, a permutation seeded by (--seed, c), the first "
+                      "max(1, floor(f*n_c + 0.5)). "
+                      "The test split stays whole.",
+    "max_examples": "Use only the first N images of each split (0: as the pretraining run's --max_examples; "
+                    "all of another --dataset).",
+    "seed": "Random seed (labelled subset, classifier initialisation, shuffling, augmentation).",
     "epochs": "Epochs of linear-classifier training (paper: 100).",
     "batch_size": "Batch size (paper: 256).",
     "learning_rate": "Learning rate for a batch of 256 (peak = batch_size/256 * this), cosine to 0; paper: 30 "
@@ -450,13 +523,16 @@ HELP = {
                  "--batch_size=1024 --epochs=90).",
     "augment": "Random resized crop (0.08-1) + flip on the training images; --noaugment precomputes "
                "the features of the plain images once (much faster).",
-    "knn": "Run the weighted kNN evaluation instead of the linear classifier.",
+    "knn": "Run the weighted kNN evaluation instead of the linear classifier (memory bank: the labelled "
+           "training images).",
     "knn_k": "k of the weighted kNN.",
     "knn_temperature": "Temperature of the weighted kNN.",
-    "max_examples": "Use only the first N images of each split (0: as the pretraining run's --max_examples).",
-    "seed": "Random seed (classifier initialisation, shuffling, augmentation).",
-    "out": "Results JSON (empty: <run_dir>/linear_eval.json); sections are merged.",
+    "out": "Results JSON (empty: <run_dir>/linear_eval.json); each protocol's section is merged in.",
 }
+
+#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.flagutil.group_fields`).
+HELP_GROUPS = [("protocol (what is evaluated)", "run_dir"), ("linear classifier", "epochs"), ("kNN", "knn"),
+               ("output", "out")]
 
 
 def define_flags(flag_values=None):
@@ -492,10 +568,8 @@ def main(argv):
 def entry_point():
     """The ``uniclr-eval`` console script (pyproject.toml): what ``python -m uniclr_tf.linear_eval`` does."""
     from uniclr_tf import flagutil
-    import dataclasses
     define_flags()
-    flagutil.run_cli(__name__, __doc__, main,
-                     groups=[("linear evaluation", [f.name for f in dataclasses.fields(LinearEvalConfig)])])
+    flagutil.run_cli(__name__, __doc__, main, groups=flagutil.group_fields(LinearEvalConfig, HELP_GROUPS))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ decay every weight twice; LARS therefore keeps its coefficient in ``lars_weight_
 never had one and no longer imports, and tf-models-official's is a Keras 2 legacy optimizer.)
 
 :func:`build_optimizer` is the one factory of the optimizers this project trains with (LARS,
-SGD, AdamW), used by pretraining and linear evaluation.
+SGD, AdamW), used by pretraining, linear evaluation and fine-tuning.
 """
 
 import numbers
@@ -229,7 +229,7 @@ OPTIMIZER_NAMES = ("lars", "sgd", "adamw")
 
 
 def build_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, exclude_from_adaptation=(),
-                    exclude_from_weight_decay=()):
+                    exclude_from_weight_decay=(), nesterov=False):
     """The optimizer called ``name``, built the one way the project builds it.
 
     Args:
@@ -243,6 +243,7 @@ def build_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, exclude
         ratio of 1 / take no decay, e.g. ``["linear_probe"]`` for the online probe. SGD and AdamW
         take none (Keras matches its own exclusions on variable names, not paths; refused rather
         than half-honoured).
+      nesterov: Nesterov momentum (LARS and SGD; e.g. SimCLR's fine-tuning).
 
     Returns:
       ``LARS``, ``keras.optimizers.SGD`` or ``keras.optimizers.AdamW``.
@@ -255,12 +256,13 @@ def build_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, exclude
     adaptation = _as_patterns(exclude_from_adaptation, "exclude_from_adaptation")
     decay = _as_patterns(exclude_from_weight_decay, "exclude_from_weight_decay")
     if name == "lars":
-        return LARS(learning_rate, momentum=momentum, weight_decay=weight_decay,
+        return LARS(learning_rate, momentum=momentum, weight_decay=weight_decay, nesterov=bool(nesterov),
                     exclude_from_adaptation=list(adaptation) or None,
                     exclude_from_weight_decay=list(decay) or None)
     if adaptation or decay:
         raise ValueError(f"exclude_from_adaptation / exclude_from_weight_decay are LARS options; the {name} "
                          f"optimizer takes none (received {list(adaptation)}, {list(decay)})")
     if name == "sgd":
-        return keras.optimizers.SGD(learning_rate, momentum=momentum, weight_decay=weight_decay or None)
+        return keras.optimizers.SGD(learning_rate, momentum=momentum, nesterov=bool(nesterov),
+                                    weight_decay=weight_decay or None)
     return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
