@@ -21,9 +21,22 @@ def run_cli(*args, timeout=600):
 def test_cli_trains_every_trick_and_reports_knn(tmp_path):
     proc = run_cli("--flagfile=configs/quickstart_full.flags", "--max_examples=512", "--epochs=2",
                    "--batch_size=64", "--steps_per_epoch=3", "--encoder_width=8", "--projector_dims=64,32",
-                   f"--run_dir={tmp_path}", "--run_name=cli")
+                   "--tensorboard_every_steps=2", f"--run_dir={tmp_path}", "--run_name=cli")
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "cli"
+    # TensorBoard: per-epoch scalars, and per-step ones at steps 2, 4 and 6 (of 2 epochs x 3 steps).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    steps, tags = {}, set()
+    for path in (run / "tb").rglob("*tfevents*"):
+        acc = EventAccumulator(str(path))
+        acc.Reload()
+        found = set(acc.Tags().get("scalars", [])) | set(acc.Tags().get("tensors", []))
+        tags |= found
+        if "step_loss" in found:
+            events = acc.Tensors("step_loss") if "step_loss" in acc.Tags().get("tensors", []) else acc.Scalars("step_loss")
+            steps.update({e.step: e for e in events})
+    assert {"epoch_loss", "step_loss", "step_cross_entropy"} <= tags, tags
+    assert sorted(steps) == [2, 4, 6], sorted(steps)
     for name in ("flags.txt", "config.json", "dataset.json", "metrics.json", "history.json", "curves.png",
                  "views.png", "neighbours.png", "embedding.png",
                  "encoder.keras", "model.weights.h5", "log.csv", "backup/state.json"):

@@ -69,20 +69,47 @@ class StepClock(keras.callbacks.Callback):
 
 
 class EpochTensorBoard(keras.callbacks.TensorBoard):
-    """Keras's TensorBoard callback writing per-epoch scalars only. Keras's version implements
-    ``on_train_batch_end`` (per-step summaries, which need a writer only ``update_freq=N`` sets up), so
-    its mere presence made Keras convert every step's logs to Python numbers in the training thread, a
-    device synchronisation per step; here the hook is the base class's no-op, and Keras dispatches
-    the batch-end hooks off the training thread. (Keras's hook converting JAX arrays to TF tensors
-    in that thread crashed on a 2-device JAX run.)"""
+    """Keras's TensorBoard callback with per-epoch scalars (``epoch_<name>``) and, every
+    ``every_steps`` optimizer steps, per-step scalars (``step_<name>``: the epoch's running means so
+    far, as Keras's own per-batch summaries are), written at the epoch's end.
 
-    on_train_batch_end = keras.callbacks.Callback.on_train_batch_end
+    Keras's callback writes per-step summaries from ``on_train_batch_end`` through ``tf.summary``;
+    here that hook only records the step's logs (already Python numbers) and is declared safe for
+    Keras's asynchronous dispatch (JAX): the training thread never waits for it, and TensorFlow is
+    called from the main thread alone (Keras's hook converting JAX arrays to TF tensors in the
+    dispatch thread crashed a 2-device JAX run). ``initial_step`` numbers a resumed run's steps.
+    """
 
-    def __init__(self, log_dir, **kwargs):
+    async_safe = True
+
+    def __init__(self, log_dir, every_steps=0, steps_per_epoch=1, initial_step=0, **kwargs):
         kwargs.setdefault("update_freq", "epoch")
         if kwargs["update_freq"] != "epoch":
-            raise ValueError("EpochTensorBoard writes per-epoch scalars only; use keras.callbacks.TensorBoard")
+            raise ValueError("EpochTensorBoard writes per-step scalars itself (every_steps); keep update_freq='epoch'")
         super().__init__(log_dir, **kwargs)
+        self.every_steps, self.steps_per_epoch = int(every_steps), int(steps_per_epoch)
+        self.initial_step = int(initial_step)
+        self._pending = []  # (global step, {name: value}) recorded since the last epoch end
+        self._epoch_begin_step = self.initial_step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self._epoch_begin_step = max(epoch * self.steps_per_epoch, self.initial_step)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._epoch_begin_step + int(batch) + 1  # optimizer steps done
+        if self.every_steps > 0 and step % self.every_steps == 0 and logs:
+            self._pending.append((step, {k: float(v) for k, v in logs.items() if np.ndim(v) == 0}))
+
+    def on_epoch_end(self, epoch, logs=None):
+        pending, self._pending = self._pending, []
+        if pending:
+            import tensorflow as tf
+            with self._train_writer.as_default():
+                for step, values in pending:
+                    for name, value in values.items():
+                        tf.summary.scalar(f"step_{name}", value, step=step)
+        super().on_epoch_end(epoch, logs)
 
 
 def _finite_or_none(value):

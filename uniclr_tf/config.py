@@ -105,10 +105,12 @@ class TrainConfig:
     verbose: int = 0  # 0: a progress bar on a terminal, one line per epoch otherwise
     pictures: bool = True  # views.png, neighbours.png, embedding.png (+ TensorBoard) at the end
     compilation_cache_dir: str = "~/.cache/uniclr_tf/xla"  # JAX: compiled steps kept across runs ("": off)
+    tensorboard_every_steps: int = 10  # per-step TensorBoard scalars every N steps (0: per epoch only)
 
     # Fields that control one invocation, not the run: not in flags.txt, not compared on resume.
     INVOCATION_FIELDS = ("run_dir", "export", "overwrite", "stop_after_steps", "backup_every_minutes", "verbose",
-                         "coordinator_address", "num_processes", "process_id", "pictures", "compilation_cache_dir")
+                         "coordinator_address", "num_processes", "process_id", "pictures", "compilation_cache_dir",
+                         "tensorboard_every_steps")
 
     VIEW_FIELDS = ("global_scale", "local_scale", "flip_prob", "color_jitter", "color_jitter_prob",
                    "grayscale_prob", "blur_prob", "solarize_prob")
@@ -164,6 +166,7 @@ class TrainConfig:
         check(self.knn_every >= 0, "knn_every", "an integer >= 0")
         check(self.knn_max_train >= 0, "knn_max_train", "an integer >= 0")
         check(self.steps_per_execution >= 1, "steps_per_execution", "an integer >= 1")
+        check(self.tensorboard_every_steps >= 0, "tensorboard_every_steps", "an integer >= 0")
         check(self.strategy != "tpu" or bool(self.tpu), "tpu", "a TPU name or address with --strategy=tpu")
         check(self.max_examples >= 0, "max_examples", "an integer >= 0")
         check(self.stop_after_steps >= 0, "stop_after_steps", "an integer >= 0 (0: no limit)")

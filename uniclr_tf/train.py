@@ -90,6 +90,8 @@ HELP = {
     "backup_every_minutes": "Back up (in the background) at least this often, besides every epoch end.",
     "compilation_cache_dir": "JAX: keep compiled train and evaluation steps in this folder, so a resumed or "
                              "repeated run skips the XLA compile (tens of seconds on a GPU); empty: off.",
+    "tensorboard_every_steps": "Write per-step TensorBoard scalars (step_<name>: the epoch's running means) every "
+                               "N optimizer steps; 0: per-epoch scalars only.",
     "verbose": "0: a progress bar on a terminal, one line per epoch otherwise; 1: progress bar; 2: one line per epoch.",
 }
 ENUMS = {"encoder": ENCODERS, "optimizer": OPTIMIZERS, "precision": PRECISIONS,
@@ -364,7 +366,8 @@ def run(cfg):
         if chief:
             callbacks += [history, CollapseWarning(int(cfg.projector_dims[-1]))]
         if data.have_tensorflow() and chief:  # Keras's TensorBoard callback writes through tf.summary
-            callbacks.append(EpochTensorBoard(os.path.join(run_dir, "tb")))
+            callbacks.append(EpochTensorBoard(os.path.join(run_dir, "tb"), every_steps=cfg.tensorboard_every_steps,
+                                              steps_per_epoch=steps_per_epoch, initial_step=initial_step))
         callbacks.append(saver)  # last: it backs up what the others have written for the epoch
         verbose = cfg.verbose or (1 if sys.stdout.isatty() else 2)
         print(f"run folder: {run_dir}" + (f" (resuming at epoch {completed_epochs + 1}, step {initial_step})"
