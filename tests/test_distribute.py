@@ -148,6 +148,22 @@ def test_jax_data_parallel_on_two_host_devices(run_python):
     check(out, cases)
 
 
+def _assert_same_weights(path_a, path_b):
+    """Every array of two ``.weights.h5`` files equal to float tolerance (and more than 20 of them)."""
+    import h5py
+
+    def arrays(path):
+        found = {}
+        with h5py.File(path, "r") as f:
+            f.visititems(lambda k, v: found.__setitem__(k, np.array(v)) if isinstance(v, h5py.Dataset) else None)
+        return found
+
+    a, b = arrays(path_a), arrays(path_b)
+    assert a.keys() == b.keys() and len(a) > 20
+    for key in a:
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
 def _free_port():
     import socket
     with socket.socket() as s:
@@ -163,8 +179,6 @@ def test_jax_two_processes_equal_one_process_with_two_devices_and_resume(tmp_pat
     import os
     import subprocess
     import sys
-
-    import h5py
 
     from tests.conftest import REPO_ROOT
 
@@ -201,16 +215,7 @@ def test_jax_two_processes_equal_one_process_with_two_devices_and_resume(tmp_pat
     np.testing.assert_allclose(two[0]["loss"], one[0]["loss"], rtol=1e-5)
     assert [e["knn_top1"] for e in two] == [e["knn_top1"] for e in one]
 
-    def arrays(path):
-        found = {}
-        with h5py.File(path, "r") as f:
-            f.visititems(lambda k, v: found.__setitem__(k, np.array(v)) if isinstance(v, h5py.Dataset) else None)
-        return found
-
-    a, b = arrays(tmp_path / "one" / "model.weights.h5"), arrays(tmp_path / "two" / "model.weights.h5")
-    assert a.keys() == b.keys() and len(a) > 20
-    for key in a:
-        np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    _assert_same_weights(tmp_path / "one" / "model.weights.h5", tmp_path / "two" / "model.weights.h5")
 
 
 def test_tf_two_workers_equal_one_worker_with_two_devices_and_resume(tmp_path):
@@ -224,8 +229,6 @@ def test_tf_two_workers_equal_one_worker_with_two_devices_and_resume(tmp_path):
     import os
     import subprocess
     import sys
-
-    import h5py
 
     from tests.conftest import REPO_ROOT
 
@@ -267,13 +270,4 @@ def test_tf_two_workers_equal_one_worker_with_two_devices_and_resume(tmp_path):
     assert [e["epoch"] for e in resumed] == [1, 2] and resumed[0]["loss"] == two[0]["loss"]
     assert json.loads((tmp_path / "resumed" / "metrics.json").read_text())["status"] == "finished"
 
-    def arrays(path):
-        found = {}
-        with h5py.File(path, "r") as f:
-            f.visititems(lambda k, v: found.__setitem__(k, np.array(v)) if isinstance(v, h5py.Dataset) else None)
-        return found
-
-    a, b = arrays(tmp_path / "one" / "model.weights.h5"), arrays(tmp_path / "two" / "model.weights.h5")
-    assert a.keys() == b.keys() and len(a) > 20
-    for key in a:
-        np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    _assert_same_weights(tmp_path / "one" / "model.weights.h5", tmp_path / "two" / "model.weights.h5")

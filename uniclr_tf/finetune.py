@@ -48,13 +48,11 @@ A bad run folder or dataset stops with one ``error:`` line naming it. Library us
 
 import dataclasses
 import os
-import sys
 import time
 
 from uniclr_tf import linear_eval as le
 from uniclr_tf import protocols, runs
 from uniclr_tf.knn import topk_accuracy
-from uniclr_tf.runs import RunFolderError
 
 #: RandomResizedCrop area range of the fine-tuning augmentation (SimCLR's Inception crop: 0.08-1).
 CROP_SCALE = (0.5, 1.0)
@@ -274,20 +272,7 @@ def config_from_flags(flag_values=None) -> FinetuneConfig:
 
 
 def main(argv):
-    from absl import app
-
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    try:
-        cfg = config_from_flags()
-        le.check_run_dir(cfg.run_dir)
-    except ValueError as e:  # a bad flag, or RunFolderError
-        sys.exit(f"error: {e}")
-    from uniclr_tf.data import DataError
-    try:
-        run(cfg)
-    except (RunFolderError, DataError) as e:  # bad run folder (RunError included) or data: one line
-        sys.exit(f"error: {e}")
+    le.run_main(argv, config_from_flags, run)
 
 
 def entry_point():

@@ -549,18 +549,25 @@ def config_from_flags(flag_values=None) -> LinearEvalConfig:
 
 
 def main(argv):
+    run_main(argv, config_from_flags, run)
+
+
+def run_main(argv, read_config, run_fn):
+    """The body of an evaluation CLI's ``main`` (``linear_eval``, ``finetune``): the config from the
+    flags, the run folder checked, then ``run_fn(cfg)``; a bad flag, run folder or dataset stops with
+    one ``error:`` line."""
     from absl import app
 
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     try:
-        cfg = config_from_flags()
+        cfg = read_config()
         check_run_dir(cfg.run_dir)
     except ValueError as e:  # a bad flag, or RunFolderError
         sys.exit(f"error: {e}")
     from uniclr_tf.data import DataError
     try:
-        run(cfg)
+        run_fn(cfg)
     except (RunFolderError, DataError) as e:  # bad run folder (RunError included) or data: one line
         sys.exit(f"error: {e}")
 
