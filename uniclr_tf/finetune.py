@@ -184,19 +184,7 @@ class FinetuneConfig:
     out: str = ""  # empty: <run_dir>/finetune.json
 
     def __post_init__(self):
-        def check(ok, field, expected):
-            if not ok:
-                raise ValueError(f"--{field}: expected {expected}; received {getattr(self, field)!r}")
-
-        check(bool(self.run_dir), "run_dir", "a run folder written by uniclr_tf.train")
-        check(0 < self.label_fraction <= 1, "label_fraction", "a number in (0, 1]")
-        check(self.max_examples >= 0, "max_examples", "an integer >= 0 (0: as the pretraining run)")
-        check(self.seed >= 0, "seed", "an integer >= 0")
-        check(self.epochs >= 1, "epochs", "an integer >= 1")
-        check(self.batch_size >= 1, "batch_size", "an integer >= 1")
-        check(self.learning_rate > 0, "learning_rate", "a number > 0")
-        check(0 <= self.momentum < 1, "momentum", "a number in [0, 1)")
-        check(self.weight_decay >= 0, "weight_decay", "a number >= 0")
+        check = le.check_common_fields(self)
         check(len(self.crop_scale) == 2 and 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1, "crop_scale",
               "two numbers lo,hi with 0 < lo <= hi <= 1")
 

@@ -424,6 +424,25 @@ def knn_result(encoder, info, k: int = 200, temperature: float = 0.1, mean=None,
 # The command line
 
 
+def check_common_fields(cfg):
+    """Validates the fields every evaluation config shares (run folder, protocol, optimisation) with
+    errors naming the flag; returns the ``check(ok, field, expected)`` used, for the config's own."""
+    def check(ok, field, expected):
+        if not ok:
+            raise ValueError(f"--{field}: expected {expected}; received {getattr(cfg, field)!r}")
+
+    check(bool(cfg.run_dir), "run_dir", "a run folder written by uniclr_tf.train")
+    check(0 < cfg.label_fraction <= 1, "label_fraction", "a number in (0, 1]")
+    check(cfg.max_examples >= 0, "max_examples", "an integer >= 0 (0: as the pretraining run)")
+    check(cfg.seed >= 0, "seed", "an integer >= 0")
+    check(cfg.epochs >= 1, "epochs", "an integer >= 1")
+    check(cfg.batch_size >= 1, "batch_size", "an integer >= 1")
+    check(cfg.learning_rate > 0, "learning_rate", "a number > 0")
+    check(0 <= cfg.momentum < 1, "momentum", "a number in [0, 1)")
+    check(cfg.weight_decay >= 0, "weight_decay", "a number >= 0")
+    return check
+
+
 @dataclasses.dataclass(frozen=True)
 class LinearEvalConfig:
     """Every setting of one ``linear_eval`` invocation. Field names equal the flag names; the
@@ -448,19 +467,7 @@ class LinearEvalConfig:
     out: str = ""  # empty: <run_dir>/linear_eval.json
 
     def __post_init__(self):
-        def check(ok, field, expected):
-            if not ok:
-                raise ValueError(f"--{field}: expected {expected}; received {getattr(self, field)!r}")
-
-        check(bool(self.run_dir), "run_dir", "a run folder written by uniclr_tf.train")
-        check(0 < self.label_fraction <= 1, "label_fraction", "a number in (0, 1]")
-        check(self.max_examples >= 0, "max_examples", "an integer >= 0 (0: as the pretraining run)")
-        check(self.seed >= 0, "seed", "an integer >= 0")
-        check(self.epochs >= 1, "epochs", "an integer >= 1")
-        check(self.batch_size >= 1, "batch_size", "an integer >= 1")
-        check(self.learning_rate > 0, "learning_rate", "a number > 0")
-        check(0 <= self.momentum < 1, "momentum", "a number in [0, 1)")
-        check(self.weight_decay >= 0, "weight_decay", "a number >= 0")
+        check = check_common_fields(self)
         check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
         check(self.knn_k >= 1, "knn_k", "an integer >= 1")
         check(self.knn_temperature > 0, "knn_temperature", "a number > 0")
