@@ -132,7 +132,7 @@ def load_run(run_dir: str, require_labels: bool = True) -> Run:
 
 
 def load_run_data(run: Run, max_examples: Optional[int] = None):
-    """Reloads the run's dataset as pretraining saw it (same spec, data_dir, image_size).
+    """Reloads the run's dataset as pretraining saw it (same spec, eval spec, hold-out, data_dir, image_size).
 
     Args:
       run: from :func:`load_run`.
@@ -150,7 +150,10 @@ def load_run_data(run: Run, max_examples: Optional[int] = None):
         raise folder.error(runs.CONFIG_FILE, "names no dataset (nor does dataset.json)")
     cap = max_examples if max_examples else (cfg.get("max_examples") or None)
     info = data.load_dataset(spec, image_size=cfg.get("image_size") or None, data_dir=cfg.get("data_dir") or None,
-                             skip_bad_files=bool(cfg.get("skip_bad_files", False)), max_examples=cap)
+                             skip_bad_files=bool(cfg.get("skip_bad_files", False)), max_examples=cap,
+                             eval_spec=cfg.get("eval_dataset") or None,
+                             holdout_fraction=cfg.get("holdout_fraction") or 0.1,
+                             max_in_memory_mb=cfg.get("max_in_memory_mb", 256))
     if tuple(info.image_shape) != run.image_shape:
         raise RunError(f"run folder {folder.path!r}: {spec} reloads as images {tuple(info.image_shape)} but "
                        f"dataset.json says {run.image_shape}")
