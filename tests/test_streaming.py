@@ -287,6 +287,10 @@ def test_folder_to_tfrecord_round_trip(tmp_path):
     x, y = next(iter(data.pretrain_dataset(records, 8, with_labels=True, seed=1)))
     assert x.shape == (8, 8, 8, 3) and x.dtype == tf.uint8
 
+    limited = data.load_dataset(meta["spec"], max_examples=10)
+    epochs = [sorted(x.numpy()[:, 0, 0, 0].tolist()) for x in data.pretrain_dataset(limited, 10, repeat=True).take(3)]
+    assert limited.num_train == 10 and epochs[0] == epochs[1] == epochs[2]  # the same 10 every epoch
+
     train_glob = f"{tmp_path}/out/pets-train-*.tfrecord"
     held = data.load_dataset(f"tfrecord:{train_glob}", holdout_fraction=0.25)  # hold-out by a hash of each record
     assert held.num_train + held.num_test == 55 and 0 < held.num_test < 30

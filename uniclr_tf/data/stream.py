@@ -102,7 +102,7 @@ class BadFiles:
         """Inside tf.data: True for a good image; for a bad one, records it and returns False."""
         def drop():
             def announce():
-                tf.print("warning: skipping", tf.strings.join([name, ": ", reason]), "(found while streaming)",
+                tf.print(tf.strings.join(["warning: skipping ", name, ": ", reason, " (found while streaming)"]),
                          output_stream=sys.stderr)
                 return tf.constant(True)
             new = tf.equal(self._seen.lookup(name), 0)

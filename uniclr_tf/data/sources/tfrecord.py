@@ -118,15 +118,16 @@ def _sidecar(files):
     return None, None
 
 
-def _records(files, holdout=None, shuffle=False, seed=0):
+def _records(files, holdout=None, shuffle=False, seed=0, limit=None):
     """``(serialized record, name)`` of ``files`` interleaved; ``holdout=(fraction, side)`` keeps
-    the held-out side (``"test"``) or the rest (``"train"``)."""
+    the held-out side (``"test"``) or the rest (``"train"``); ``limit``: the first ``limit`` records
+    in file order only (the same ones however shuffled)."""
     def read(path):
         return tf.data.TFRecordDataset(path).enumerate().map(
             lambda i, record: (record, tf.strings.join([path, " record ", tf.strings.as_string(i)])))
 
     ds = tf.data.Dataset.from_tensor_slices(files)
-    if shuffle:
+    if shuffle and not limit:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     ds = ds.interleave(read, cycle_length=min(len(files), _CYCLE), block_length=1, num_parallel_calls=AUTOTUNE,
                        deterministic=True)
@@ -137,8 +138,10 @@ def _records(files, holdout=None, shuffle=False, seed=0):
         def held_out(record, name):
             return tf.strings.to_hash_bucket_fast(record, _HASH_BUCKETS) < threshold
         ds = ds.filter(held_out if side == "test" else lambda record, name: tf.logical_not(held_out(record, name)))
+    if limit:
+        ds = ds.take(limit)
     if shuffle:
-        ds = ds.shuffle(SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(min(limit or SHUFFLE_BUFFER, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
     return ds
 
 
@@ -264,8 +267,7 @@ def _load_tfrecord(spec, opts):
         keep = (holdout, side) if holdout is not None else None
 
         def records(shuffle, seed):
-            ds = _records(files, keep, shuffle, seed)
-            return ds.take(opts.max_examples) if opts.max_examples else ds
+            return _records(files, keep, shuffle, seed, opts.max_examples)
 
         return Split(name, counts.get(side, 0), stream=Stream(
             records, lambda ds: decode_records(ds, _load, _describe, image_shape, opts.size is not None, bad_files)))
