@@ -49,6 +49,9 @@ class TrainConfig:
     image_size: int = 0  # 0: the dataset's own size
     skip_bad_files: bool = False
     max_examples: int = 0  # 0: all
+    eval_dataset: str = ""  # the test split from another spec ("": the dataset's own)
+    holdout_fraction: float = 0.1  # held out for test when there is no test split nor --eval_dataset
+    max_in_memory_mb: int = 256  # folder: decoded into memory up to this size, streamed above (0: always)
     # network
     encoder: str = "resnet18"
     encoder_width: int = 0  # 0: the architecture's default
@@ -123,8 +126,12 @@ class TrainConfig:
         from uniclr_tf import methods
         if isinstance(self.method_options, dict):  # accept a dict; store a hashable, ordered tuple
             object.__setattr__(self, "method_options", tuple(sorted(self.method_options.items())))
-        check(self.dataset == "fashion_mnist" or self.dataset.startswith(("tfds:", "folder:")), "dataset",
-              "fashion_mnist, tfds:NAME[:SPLIT] or folder:PATH")
+        from uniclr_tf.data.spec import SPEC_FORMS, is_spec
+        check(is_spec(self.dataset), "dataset", " | ".join(SPEC_FORMS))
+        check(not self.eval_dataset or is_spec(self.eval_dataset), "eval_dataset",
+              "empty (the dataset's own test split) or " + " | ".join(SPEC_FORMS))
+        check(0 < self.holdout_fraction <= 0.5, "holdout_fraction", "a fraction in (0, 0.5]")
+        check(self.max_in_memory_mb >= 0, "max_in_memory_mb", "a number of MB >= 0 (0: always stream)")
         check(self.method in methods.REGISTRY, "method", f"one of {methods.names()}")
         check(self.encoder in ENCODERS, "encoder", f"one of {ENCODERS}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")

@@ -2,12 +2,16 @@
 
 :func:`extract_features` is the one way backbone features are computed for evaluation (the kNN
 monitor of ``train``/``callbacks`` and ``linear_eval``). It imports no TensorFlow: in-memory
-NumPy data works on a JAX-only machine; a ``tf.data`` dataset is only iterated.
+NumPy data works on a JAX-only machine; a ``tf.data`` dataset is only iterated, batch by batch,
+and only its features are kept (a streamed split's images never sit in memory together).
 """
 
 import numpy as np
 
 from uniclr_tf import knn
+
+#: Streamed data: the raw-pixel kNN baseline's memory bank holds at most this many MB of pixels.
+RAW_PIXEL_BANK_MB = 256
 
 
 def _is_in_memory(source):
@@ -144,9 +148,43 @@ def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0
                             device=True)
 
 
-def raw_pixel_knn(train, test, num_classes, k=200, temperature=0.1):
+def raw_pixel_knn(train, test, num_classes, k=200, temperature=0.1, max_bank_mb=RAW_PIXEL_BANK_MB):
     """The same weighted kNN on raw pixels: the baseline any learned feature should beat (its
-    similarities and top-k on the backend's device)."""
+    similarities and top-k on the backend's device).
+
+    ``train`` and ``test`` are ``(images, labels)`` arrays, or batched ``(images, labels)``
+    iterables (a streamed split, see :func:`extract_features`): then the memory bank is the first
+    images of ``train`` that fit in ``max_bank_mb`` MB of float32 pixels, and ``test`` is scored
+    batch by batch, so memory does not grow with the test split. Returns ``{"top1", "top5",
+    "memory_bank"}`` (the bank's size).
+    """
     as_float = lambda a: np.asarray(a, np.float32).reshape(len(a), -1) / 255.0  # noqa: E731
-    return knn.knn_accuracy(as_float(train[0]), train[1], as_float(test[0]), test[1], num_classes, k,
-                            temperature, topk=(1, 5), device=True)
+    if _is_in_memory(train) and _is_in_memory(test):
+        acc = knn.knn_accuracy(as_float(train[0]), train[1], as_float(test[0]), test[1], num_classes, k,
+                               temperature, topk=(1, 5), device=True)
+        return {**acc, "memory_bank": len(train[0])}
+    bank, bank_labels, size, capacity = [], [], 0, None
+    for x, y in _batches(train, 1024):
+        capacity = capacity or max(1, int(max_bank_mb * 2 ** 20) // (4 * int(np.prod(x.shape[1:]))))
+        take = min(len(x), capacity - size)
+        bank.append(as_float(x[:take]))
+        bank_labels.append(np.asarray(y[:take], np.int64))
+        size += take
+        if size >= capacity:
+            break
+    if not size:
+        raise ValueError("raw-pixel kNN: the memory bank is empty")
+    bank, bank_labels = np.concatenate(bank), np.concatenate(bank_labels)
+    score = None
+    hits, count = {"top1": 0.0, "top5": 0.0}, 0
+    for x, y in _batches(test, 1024):
+        # The first batch's size is the chunk: later batches are not padded beyond it.
+        score = score or knn.knn_scorer(bank, bank_labels, num_classes, k, temperature, chunk_size=len(x),
+                                        device=True)
+        acc = knn.topk_accuracy(score(as_float(x)), y, (1, 5))
+        for key in hits:
+            hits[key] += acc[key] * len(y)
+        count += len(y)
+    if not count:
+        raise ValueError("raw-pixel kNN: the test split is empty")
+    return {key: value / count for key, value in hits.items()} | {"memory_bank": size}

@@ -38,20 +38,18 @@ def _top_k_keras(train):
     return top_k
 
 
-def knn_predict(train_features, train_labels, test_features, num_classes, k=200, temperature=0.1,
-                chunk_size=1024, device=False):
-    """Returns class scores ``[N_test, num_classes]`` of the weighted kNN classifier.
+def knn_scorer(train_features, train_labels, num_classes, k=200, temperature=0.1, chunk_size=1024, device=False):
+    """The weighted kNN classifier of a memory bank, as a function ``test_features -> scores
+    [N_test, num_classes]``: the bank is checked, normalised (and moved to the device) once, so
+    test features can come batch by batch (a streamed test split).
 
     ``device=True`` computes the similarities and their top-k with ``keras.ops`` on the active
     backend's device (the kNN monitor on a GPU); the votes are the same (ties aside).
     """
     train = l2_normalize(train_features)
-    test = l2_normalize(test_features)
     train_labels = np.asarray(train_labels).astype(np.int64).reshape(-1)
     if len(train) != len(train_labels):
         raise ValueError(f"train_features has {len(train)} rows but train_labels has {len(train_labels)}")
-    if train.shape[1] != test.shape[1]:
-        raise ValueError(f"feature sizes differ: train {train.shape[1]}, test {test.shape[1]}")
     if len(train) == 0:
         raise ValueError("kNN needs a non-empty memory bank; train_features has 0 rows")
     if train_labels.min() < 0:
@@ -59,15 +57,31 @@ def knn_predict(train_features, train_labels, test_features, num_classes, k=200,
     if train_labels.max() >= num_classes:
         raise ValueError(f"train_labels must lie in [0, {num_classes}); found {train_labels.max()}")
     k = min(int(k), len(train))
-    scores = np.zeros((len(test), num_classes), np.float32)
     top_k = (_top_k_keras if device else _top_k_numpy)(train)
-    for start in range(0, len(test), chunk_size):
-        top_sim, idx = top_k(test[start:start + chunk_size], k, chunk_size)
-        weights = np.exp((top_sim - 1.0) / temperature)  # shifted by the max cosine for stability
-        votes = train_labels[idx]
-        block = scores[start:start + chunk_size]
-        np.add.at(block, (np.arange(len(block))[:, None], votes), weights)
-    return scores
+
+    def scores_of(test_features):
+        test = l2_normalize(test_features)
+        if train.shape[1] != test.shape[1]:
+            raise ValueError(f"feature sizes differ: train {train.shape[1]}, test {test.shape[1]}")
+        scores = np.zeros((len(test), num_classes), np.float32)
+        for start in range(0, len(test), chunk_size):
+            top_sim, idx = top_k(test[start:start + chunk_size], k, chunk_size)
+            weights = np.exp((top_sim - 1.0) / temperature)  # shifted by the max cosine for stability
+            votes = train_labels[idx]
+            block = scores[start:start + chunk_size]
+            np.add.at(block, (np.arange(len(block))[:, None], votes), weights)
+        return scores
+    return scores_of
+
+
+def knn_predict(train_features, train_labels, test_features, num_classes, k=200, temperature=0.1,
+                chunk_size=1024, device=False):
+    """Returns class scores ``[N_test, num_classes]`` of the weighted kNN classifier.
+
+    ``device=True`` computes the similarities and their top-k with ``keras.ops`` on the active
+    backend's device (the kNN monitor on a GPU); the votes are the same (ties aside).
+    """
+    return knn_scorer(train_features, train_labels, num_classes, k, temperature, chunk_size, device)(test_features)
 
 
 def knn_predict_tensors(train_features, train_labels, test_features, num_classes, k=200, temperature=0.1,

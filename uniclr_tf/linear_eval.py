@@ -154,7 +154,8 @@ def load_run(run_dir: str, require_labels: bool = True) -> Run:
 
 
 def load_run_data(run, max_examples: Optional[int] = None, dataset: str = "", data_dir: str = ""):
-    """The labelled dataset a run is evaluated on: its own, or another one (transfer).
+    """The labelled dataset a run is evaluated on: its own (as pretraining saw it: same spec, eval
+    spec, hold-out, data_dir, image_size), or another one (transfer).
 
     Args:
       run: a :class:`Run` (:func:`load_run`) or its :class:`uniclr_tf.runs.RunFolder`
@@ -185,7 +186,10 @@ def load_run_data(run, max_examples: Optional[int] = None, dataset: str = "", da
         raise folder.error(runs.CONFIG_FILE, "names no dataset (nor does dataset.json)")
     cap = max_examples if max_examples else (cfg.get("max_examples") or None)
     info = data.load_dataset(own, image_size=cfg.get("image_size") or None, data_dir=cfg.get("data_dir") or None,
-                             skip_bad_files=bool(cfg.get("skip_bad_files", False)), max_examples=cap)
+                             skip_bad_files=bool(cfg.get("skip_bad_files", False)), max_examples=cap,
+                             eval_spec=cfg.get("eval_dataset") or None,
+                             holdout_fraction=cfg.get("holdout_fraction") or 0.1,
+                             max_in_memory_mb=cfg.get("max_in_memory_mb", 256))
     if tuple(info.image_shape) != folder.image_shape:
         raise RunError(f"run folder {folder.path!r}: {own} reloads as images {tuple(info.image_shape)} but "
                        f"dataset.json says {folder.image_shape}")

@@ -31,11 +31,19 @@ from uniclr_tf import flagutil
 from uniclr_tf.config import AUGMENT_ON, ENCODERS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 
 HELP = {
-    "dataset": "fashion_mnist | tfds:NAME[:SPLIT] | folder:PATH",
+    "dataset": "fashion_mnist | tfds:NAME[:SPLIT] | folder:PATH | tfrecord:TRAIN_GLOB[,TEST_GLOB] (README, Datasets).",
     "data_dir": "TFDS data_dir (tfds: datasets only).",
     "image_size": "Resize images to this square size; 0 keeps the dataset's size.",
-    "skip_bad_files": "folder: datasets: skip (and count) unreadable images instead of stopping.",
+    "skip_bad_files": "folder: and tfrecord: datasets: skip (and count) unreadable images instead of stopping.",
     "max_examples": "Use only the first N images of each split (0: all); for smoke tests.",
+    "eval_dataset": "The test split of the kNN monitor and final kNN from another dataset spec (its own test split "
+                    "if it has one, else all of it), e.g. --dataset=folder:TRAIN_DIR --eval_dataset=folder:TEST_DIR; "
+                    "--dataset then trains on all its images. Empty: --dataset's own test split.",
+    "holdout_fraction": "Fraction of the training data (per class for folders) held out as the test split when "
+                        "--dataset has none and no --eval_dataset is given; in (0, 0.5].",
+    "max_in_memory_mb": "folder: datasets whose decoded images (N x H x W x 3 bytes) fit in this many MB are decoded "
+                        "into memory at load (faster epochs; needed without TensorFlow); larger ones stream from disk "
+                        "through tf.data. 0: always stream.",
     "encoder": "Backbone architecture.",
     "encoder_width": "Base width of resnet18/tiny (0: 64 for resnet18, 16 for tiny).",
     "projector_dims": "Projector layer sizes, e.g. 2048,2048,256 (CIFAR) or 2048,2048,2048 (ImageNet).",
@@ -278,7 +286,12 @@ def run(cfg):
         check_writable(cfg.run_dir)
 
     info = data.load_dataset(cfg.dataset, image_size=cfg.image_size or None, data_dir=cfg.data_dir or None,
-                             skip_bad_files=cfg.skip_bad_files, max_examples=cfg.max_examples or None)
+                             skip_bad_files=cfg.skip_bad_files, max_examples=cfg.max_examples or None,
+                             eval_spec=cfg.eval_dataset or None, holdout_fraction=cfg.holdout_fraction,
+                             max_in_memory_mb=cfg.max_in_memory_mb)
+    if chief:  # where the test split comes from, what is held out, whether the data streams
+        for note in info.notes:
+            print(note, flush=True)
     size = cfg.image_size or info.image_shape[0]
     num_train = min(info.num_train, cfg.max_examples or info.num_train)
     steps_per_epoch = cfg.steps_per_epoch or max(num_train // cfg.batch_size, 1)
@@ -349,8 +362,9 @@ def run(cfg):
     refresh = None if num_processes == 1 else (lambda: eval_encoder.set_weights(model.encoder.get_weights()))
     local = contextlib.nullcontext if num_processes == 1 else distribute.local_only
     if info.num_classes and chief:
-        knn_train = data.as_numpy(info, "train", max_examples=cfg.knn_max_train or None)
-        knn_test = data.as_numpy(info, "test")
+        # In-memory splits as arrays; streamed ones as tf.data batches, of which only features are kept.
+        knn_train = _eval_source(info, "train", cfg.knn_max_train or None)
+        knn_test = _eval_source(info, "test")
         raw = raw_pixel_knn(knn_train, knn_test, info.num_classes, cfg.knn_k, cfg.knn_temperature)
         knn = KNNMonitor(eval_encoder, preprocess, knn_train, knn_test, info.num_classes, every=cfg.knn_every,
                          k=cfg.knn_k, temperature=cfg.knn_temperature, refresh=refresh, context=local)
@@ -438,13 +452,19 @@ def run(cfg):
             ssl = knn_eval(eval_encoder, preprocess, knn_train, knn_test, info.num_classes, cfg.knn_k,
                            cfg.knn_temperature, batch_size=2048)
         metrics.update(knn_top1=ssl["top1"], knn_top5=ssl["top5"], raw_pixel_knn_top1=raw["top1"],
-                       raw_pixel_knn_top5=raw["top5"], knn_memory_bank=len(knn_train[0]), knn_test=len(knn_test[0]))
+                       raw_pixel_knn_top5=raw["top5"], raw_pixel_knn_memory_bank=raw["memory_bank"],
+                       knn_memory_bank=min(cfg.knn_max_train or info.num_train, info.num_train),
+                       knn_test=info.num_test)
         print(f"kNN top-1 (k={cfg.knn_k}, T={cfg.knn_temperature}) on the test split: {ssl['top1']:.4f} | "
               f"raw-pixel kNN baseline: {raw['top1']:.4f}")
-    if cfg.pictures:
+    skipped = info.skipped_while_streaming()
+    if skipped:
+        metrics["skipped_while_streaming"] = len(skipped)
+        print(f"{cfg.dataset}: skipped {len(skipped)} bad image file(s) while streaming (first: {skipped[0]})")
+    if cfg.pictures:  # on a sample of a streamed split (its first images; their order is shuffled)
         from uniclr_tf import pictures
-        train_images = knn_train if knn_train is not None else data.as_numpy(info, "train", max_examples=10000)
-        test_images = knn_test if knn_test is not None else data.as_numpy(info, "test", max_examples=2000)
+        train_images = knn_train if isinstance(knn_train, tuple) else _picture_sample(info, "train", 10000)
+        test_images = knn_test if isinstance(knn_test, tuple) else _picture_sample(info, "test", 2000)
         with local():
             drawn = pictures.write_run_pictures(
                 run_dir, eval_encoder, preprocess, augmenter, train_images, test_images,
@@ -460,6 +480,31 @@ def run(cfg):
     return run_dir, metrics
 
 
+#: Batch of the evaluation passes over a streamed split (decoded uint8 images in flight).
+STREAM_EVAL_BATCH = 256
+#: Streamed data: the pictures use at most this many MB of decoded images per split.
+PICTURE_SAMPLE_MB = 256
+
+
+def _eval_source(info, split, max_examples=None):
+    """What the kNN evaluations read of a split: its ``(images, labels)`` arrays when in memory
+    (views, no copy), else its tf.data batches (read again at each evaluation)."""
+    from uniclr_tf import data
+    if info.split(split).in_memory:
+        return data.as_numpy(info, split, max_examples=max_examples)
+    return data.eval_dataset(info, split, STREAM_EVAL_BATCH, max_examples=max_examples)
+
+
+def _picture_sample(info, split, count):
+    """The first ``count`` images of a split as arrays; of a streamed split (read and decoded), at
+    most :data:`PICTURE_SAMPLE_MB` of them."""
+    from uniclr_tf import data
+    if not info.split(split).in_memory:
+        height, width, channels = info.image_shape
+        count = max(1, min(count, PICTURE_SAMPLE_MB * 2 ** 20 // (height * width * channels)))
+    return data.as_numpy(info, split, max_examples=count)
+
+
 def _write_run_files(run_dir, cfg, augmenter, info, size):
     """``flags.txt`` (replayable), ``config.json`` (with the view recipe used) and ``dataset.json``."""
     from uniclr_tf import runs
@@ -468,9 +513,11 @@ def _write_run_files(run_dir, cfg, augmenter, info, size):
     runs.atomic_write_json(os.path.join(run_dir, "config.json"),
                            {**cfg.to_dict(), "views": json.loads(json.dumps(augmenter.get_config(), default=str))})
     runs.atomic_write_json(os.path.join(run_dir, "dataset.json"),
-                           {"dataset": cfg.dataset, "image_shape": [size, size, info.image_shape[-1]],
+                           {"dataset": cfg.dataset, "eval_dataset": cfg.eval_dataset,
+                            "image_shape": [size, size, info.image_shape[-1]],
                             "num_classes": info.num_classes, "mean": list(map(float, info.mean)),
-                            "std": list(map(float, info.std)), "num_train": info.num_train})
+                            "std": list(map(float, info.std)), "num_train": info.num_train,
+                            "num_test": info.num_test, "streamed": not info.in_memory})
 
 
 def _record_failure(run_dir, cfg, status, reason, progress):
@@ -485,7 +532,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     from uniclr_tf import backup
-    from uniclr_tf.data import DataError
+    from uniclr_tf.data import DataError, bad_file_message
     from uniclr_tf.runs import RunFolderError
     try:
         cfg = config_from_flags()
@@ -507,6 +554,11 @@ def main(argv):
         if "cfg" in locals() and not str(e).startswith("--"):
             raise  # a bug, not a bad flag: keep the traceback
         sys.exit(f"error: {e}")
+    except Exception as e:  # a streamed image that fails to decode (tf.data's error carries its name)
+        bad = bad_file_message(e)
+        if bad is None:
+            raise
+        sys.exit(f"error: {bad} (found while streaming; --skip_bad_files skips such files)")
 
 
 def entry_point():

@@ -2,12 +2,19 @@
 
 ``folder:`` datasets decode their files with it, and ``export/client.py`` decodes the images it
 sends for serving with it, so that served images get the pixels training saw. The rule is
-TensorFlow's decoder; a Pillow path reproduces it where TensorFlow is not installed.
+TensorFlow's decoder; a Pillow path reproduces it where TensorFlow is not installed. The streamed
+pipelines (:mod:`uniclr_tf.data.stream`) apply the same rule inside tf.data.
+
+:func:`image_header` tells what :func:`decode_image` would return for a file (its height, width
+and channels, or its error) from the file's header and end, without decoding the pixels: the
+load-time check of streamed folders.
 """
 
 from __future__ import annotations
 
+import collections
 import io
+import os
 from typing import Optional
 
 import numpy as np
@@ -23,6 +30,11 @@ _UNDECODABLE = "cannot decode image (truncated or not an image)"
 # The formats tf.io.decode_image reads, as Pillow names them (MPO: a camera JPEG with extra frames).
 _PIL_FORMATS = ("PNG", "JPEG", "MPO", "GIF", "BMP", "WEBP")
 _PIL_GREY_MODES = ("1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N")
+_TAIL = 4096  # bytes read at a file's end to find the format's end marker
+
+#: What :func:`image_header` found: ``shape`` ``(height, width, channels)`` as :func:`decode_image`
+#: returns it, and the Pillow format name.
+ImageHeader = collections.namedtuple("ImageHeader", ["shape", "format"])
 
 
 def decode_image(raw: bytes, backend: Optional[str] = None) -> np.ndarray:
@@ -104,3 +116,79 @@ def _decode_image_pil(raw):
     except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError):
         # UnidentifiedImageError is an OSError; truncated files raise OSError or SyntaxError.
         raise ImageDecodeError(_UNDECODABLE) from None
+
+
+def _header_channels(image_format, mode, head):
+    """Channels ``decode_image`` returns for a file of this Pillow format / mode / first bytes, or
+    None when the header alone cannot tell (the file is then decoded in full)."""
+    if image_format == "PNG":  # IHDR colour type: 0 grey, 4 grey + alpha; 2, 3, 6 colour
+        return 1 if head[25] in (0, 4) else 3
+    if image_format in ("JPEG", "MPO"):
+        return 1 if mode == "L" else 3
+    if image_format in ("GIF", "WEBP"):
+        return 3
+    if image_format == "BMP":  # TensorFlow reads 8 (palette indices, one channel), 24 and 32 bits
+        info_size = int.from_bytes(head[14:18], "little")
+        bits = int.from_bytes(head[24:26] if info_size == 12 else head[28:30], "little")
+        return {8: 1, 24: 3, 32: 3}.get(bits)
+    return None
+
+
+def _complete(image_format, head, tail, size):
+    """Whether the file's end looks whole: the format's end marker in its last bytes (PNG's IEND
+    chunk, JPEG's EOI marker, GIF's trailer), or the length its header declares (BMP, WebP)."""
+    if image_format == "PNG":
+        return b"IEND" in tail[-64:]
+    if image_format in ("JPEG", "MPO"):
+        return b"\xff\xd9" in tail
+    if image_format == "GIF":
+        return b";" in tail[-16:]
+    if image_format == "BMP":
+        offset, compression = int.from_bytes(head[10:14], "little"), int.from_bytes(head[30:34], "little")
+        width, height = (int.from_bytes(head[o:o + 4], "little", signed=True) for o in (18, 22))
+        bits = int.from_bytes(head[28:30], "little")
+        if compression not in (0, 3):  # compressed: no size to expect
+            return True
+        return size >= offset + abs(height) * ((bits * abs(width) + 31) // 32 * 4)
+    if image_format == "WEBP":
+        return size >= int.from_bytes(head[4:8], "little") + 8
+    return False
+
+
+def image_header(path: str) -> ImageHeader:
+    """What :func:`decode_image` would return for the file at ``path``, without decoding it.
+
+    Reads the file's header with Pillow (format, size, colour type) and its last few KiB (the
+    format's end marker: PNG ``IEND``, JPEG ``EOI``, GIF trailer; the declared length of BMP and
+    WebP files). A file whose header or end does not look right (unknown format, a BMP depth
+    TensorFlow does not read, a truncated end, ...) is decoded in full with :func:`decode_image`,
+    which decides: so the result, and the error, are :func:`decode_image`'s. What the cheap path
+    cannot see is damage in the middle of a file whose header and end are intact; the streamed
+    pipelines catch that when they decode the file.
+
+    Raises:
+      ImageDecodeError: the file cannot be decoded (one line, as :func:`decode_image`).
+      OSError: the file cannot be read.
+    """
+    from PIL import Image
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(64)
+        if size == 0:
+            raise ImageDecodeError("empty file")
+        try:
+            f.seek(0)
+            with Image.open(f) as im:
+                image_format, mode, (width, height) = im.format, im.mode, im.size
+            f.seek(max(0, size - _TAIL))
+            tail = f.read()
+        except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError):
+            image_format = None
+        channels = _header_channels(image_format, mode, head) if image_format else None
+        if channels and min(width, height) >= 1 and _complete(image_format, head, tail, size):
+            return ImageHeader((height, width, channels), image_format)
+        f.seek(0)
+        raw = f.read()
+    image = decode_image(raw)  # the header was not enough: decode_image decides
+    return ImageHeader(tuple(int(d) for d in image.shape), image_format or "")

@@ -1,11 +1,13 @@
 """Reading the splits of a :class:`~uniclr_tf.data.spec.DatasetInfo`.
 
 ``pretrain_dataset`` (shuffled, ``drop_remainder`` batches, optionally augmented inside tf.data)
-and ``eval_dataset`` (file order, last batch partial) are tf.data pipelines, whatever the Keras
-backend, with no ``keras.ops``: they run unchanged under ``KERAS_BACKEND=jax``, whose ``fit``
-converts the tf tensors. ``numpy_batches`` is ``pretrain_dataset``'s stream of raw uint8 batches
-without tf.data (in-memory splits only; it needs no TensorFlow), and ``as_numpy`` returns a split,
-or its beginning, as arrays.
+and ``eval_dataset`` (the split's order, last batch partial) are tf.data pipelines, whatever the
+Keras backend, with no ``keras.ops``: they run unchanged under ``KERAS_BACKEND=jax``, whose ``fit``
+converts the tf tensors. In-memory splits are gathered from their arrays by index; streamed splits
+(:class:`~uniclr_tf.data.stream.Stream`) are shuffled as records (file names, serialized
+examples) and decoded after the shuffle, in parallel. ``numpy_batches`` is ``pretrain_dataset``'s
+stream of raw uint8 batches without tf.data (in-memory splits only; it needs no TensorFlow), and
+``as_numpy`` returns a split, or its beginning, as arrays.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from uniclr_tf.data.lazy_tf import AUTOTUNE, tf
 from uniclr_tf.data.spec import DataError, DatasetInfo
 
-_TFDS_SHUFFLE_BUFFER = 10_000  # shuffle buffer of streamed (tfds) splits; in-memory splits shuffle whole
+_STREAM_EVAL_PREFETCH = 2  # decoded batches in flight when evaluating on a streamed split
 
 
 def _gather_fn(split, with_labels=True):
@@ -36,7 +38,10 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
 
     Shuffles (deterministically given ``seed``), optionally repeats, batches with
     ``drop_remainder=True`` (static shapes for XLA/TPU), then maps ``augmenter`` over each uint8
-    batch ``[B, H, W, C]`` (it returns a tuple of float views), and prefetches.
+    batch ``[B, H, W, C]`` (it returns a tuple of float views), and prefetches. A streamed split
+    is shuffled before its images are decoded: a folder's whole file list, TFRecord files and then
+    their records through a buffer (see :mod:`uniclr_tf.data.stream`); the batches are not
+    sharded here (tf.data / Keras auto-sharding does it per worker).
 
     Args:
       info: from :func:`load_dataset`.
@@ -50,7 +55,8 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
       with_labels: yield ``(x, labels)`` (labels int64 ``[B]``, ``-1`` when unlabelled) for the
         online linear probe, instead of ``x`` alone.
       skip_batches: start this many batches into the (deterministic) stream, e.g. at a resumed run's
-        step; skipped before any image is gathered or augmented, so skipping costs little.
+        step; skipped before any image is gathered, decoded or augmented, so skipping costs little
+        (a streamed split with bad images dropped while streaming resumes a few images off).
 
     Returns:
       A ``tf.data.Dataset`` yielding ``x`` (tuple of views, or a uint8 batch) or ``(x, labels)``.
@@ -71,12 +77,11 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
         ds = ds.batch(batch_size, drop_remainder=True).skip(skip_batches)
         ds = ds.map(_gather_fn(data, with_labels), num_parallel_calls=AUTOTUNE)
     else:
-        ds = data.dataset
-        if shuffle:
-            ds = ds.shuffle(min(n, _TFDS_SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
+        ds = data.stream.records(shuffle=shuffle, seed=seed)
         if repeat:
             ds = ds.repeat()
-        ds = ds.batch(batch_size, drop_remainder=True).skip(skip_batches)
+        ds = data.stream.decode(ds.skip(skip_batches * batch_size))
+        ds = ds.batch(batch_size, drop_remainder=True)
         if not with_labels:
             ds = ds.map(lambda x, y: x, num_parallel_calls=AUTOTUNE)
     if augmenter is not None:
@@ -89,9 +94,9 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
     return ds.prefetch(AUTOTUNE)
 
 
-def eval_dataset(info: DatasetInfo, split: str, batch_size: int,
-                 preprocess: Optional[Callable] = None) -> tf.data.Dataset:
-    """Batches of ``(images, labels)`` in file order, the last one partial (no drop_remainder).
+def eval_dataset(info: DatasetInfo, split: str, batch_size: int, preprocess: Optional[Callable] = None,
+                 max_examples: Optional[int] = None) -> tf.data.Dataset:
+    """Batches of ``(images, labels)`` in the split's order, the last one partial (no drop_remainder).
 
     Args:
       info: from :func:`load_dataset`.
@@ -99,6 +104,7 @@ def eval_dataset(info: DatasetInfo, split: str, batch_size: int,
       batch_size: batch size.
       preprocess: optional callable applied to each uint8 batch ``[b, H, W, C]`` (e.g. scale and
         normalise); None yields the uint8 images.
+      max_examples: read only the first ``max_examples`` (None: all).
 
     Returns:
       A ``tf.data.Dataset`` of ``(images, labels int64)``.
@@ -106,14 +112,18 @@ def eval_dataset(info: DatasetInfo, split: str, batch_size: int,
     data = info.split(split)
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive; received {batch_size}")
+    n = data.num_examples if max_examples is None else min(int(max_examples), data.num_examples)
     if data.in_memory:
-        ds = tf.data.Dataset.range(data.num_examples).batch(batch_size)
+        ds = tf.data.Dataset.range(n).batch(batch_size)
         ds = ds.map(_gather_fn(data), num_parallel_calls=AUTOTUNE)
     else:
-        ds = data.dataset.batch(batch_size)
+        records = data.stream.records()
+        ds = data.stream.decode(records if max_examples is None else records.take(n)).batch(batch_size)
     if preprocess is not None:
         ds = ds.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
-    return ds.prefetch(AUTOTUNE)
+    # A streamed split's batches are decoded as they are read: two in flight, not an autotuned
+    # buffer that would hold many decoded batches while the reader (a kNN pass) is busy.
+    return ds.prefetch(AUTOTUNE if data.in_memory else _STREAM_EVAL_PREFETCH)
 
 
 def _shard_rows(batch_size, shard):
@@ -139,7 +149,7 @@ def numpy_batches(info: DatasetInfo, batch_size: int, shuffle: bool = True, seed
     data = info.split(split)
     if not data.in_memory:
         raise DataError(f"{info.spec or info.name}: numpy_batches needs an in-memory split; "
-                        "streamed (tfds:) data needs tf.data (pretrain_dataset)")
+                        "streamed data (tfds:, tfrecord:, a large folder:) needs tf.data (pretrain_dataset)")
     n = data.num_examples
     if n < batch_size:
         raise DataError(f"{info.spec or info.name}: split {split!r} has {n} examples, fewer than "
@@ -164,15 +174,15 @@ def as_numpy(info: DatasetInfo, split: str, max_examples: Optional[int] = None
              ) -> Tuple[np.ndarray, np.ndarray]:
     """``(images uint8 [N, H, W, C], labels int64 [N])`` of a split, the first ``max_examples``.
 
-    In-memory splits return read-only views (no copy); streamed (tfds) splits are read whole, so
-    keep this to small data (kNN monitors, raw-pixel baselines).
+    In-memory splits return read-only views (no copy); streamed splits are read and decoded (the
+    first ``max_examples`` of their order), so keep that small for them (pictures, samples).
     """
     data = info.split(split)
     n = data.num_examples if max_examples is None else min(int(max_examples), data.num_examples)
     if data.in_memory:
         return data.images[:n], data.labels[:n]
     images, labels = [], []
-    for x, y in data.dataset.take(n).batch(1024):
+    for x, y in eval_dataset(info, split, 1024, max_examples=n):
         images.append(x.numpy())
         labels.append(y.numpy())
     if not images:

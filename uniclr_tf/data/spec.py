@@ -1,24 +1,34 @@
 """Dataset specs, and what loading one gives.
 
-A spec names a dataset in one of :data:`SPEC_FORMS`; ``image_size`` arguments and
-``tfds:NAME[:VERSION][:SPLIT]`` specs are parsed here. :class:`DatasetInfo` (shapes, classes,
-per-channel statistics and the :class:`Split` objects) is what
-:func:`~uniclr_tf.data.sources.load_dataset` returns, and :class:`DataError` is the one-line error
-of missing, unknown or bad data.
+A spec names a dataset in one of :data:`SPEC_FORMS`; ``image_size`` arguments,
+``tfds:NAME[:VERSION][:SPLIT]`` and ``tfrecord:TRAIN_GLOB[,TEST_GLOB]`` specs are parsed here.
+:class:`DatasetInfo` (shapes, classes, per-channel statistics and the :class:`Split` objects) is
+what :func:`~uniclr_tf.data.sources.load_dataset` returns, and :class:`DataError` is the one-line
+error of missing, unknown or bad data.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Mapping, Optional, Tuple
 
 import numpy as np
 
 from uniclr_tf.data.lazy_tf import tf
 
+if TYPE_CHECKING:
+    from uniclr_tf.data.stream import BadFiles, Stream
+
 #: The spec forms, for error messages and ``--help`` strings.
-SPEC_FORMS = ("fashion_mnist", "tfds:NAME[:SPLIT]", "folder:PATH")
+SPEC_FORMS = ("fashion_mnist", "tfds:NAME[:SPLIT]", "folder:PATH", "tfrecord:TRAIN_GLOB[,TEST_GLOB]")
+#: Their prefixes (``fashion_mnist`` is a whole spec).
+SPEC_PREFIXES = ("tfds:", "folder:", "tfrecord:")
+
+
+def is_spec(spec: str) -> bool:
+    """Whether ``spec`` has one of the :data:`SPEC_FORMS` (its data is not looked at)."""
+    return spec in ("fashion_mnist", "fashion-mnist") or spec.startswith(SPEC_PREFIXES)
 
 
 class DataError(ValueError):
@@ -27,27 +37,33 @@ class DataError(ValueError):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Split:
-    """One split of a dataset: either in memory (``images``/``labels``) or streamed (``dataset``).
+    """One split of a dataset: either in memory (``images``/``labels``) or streamed (``stream``).
 
     Attributes:
       name: ``"train"`` or ``"test"``.
-      num_examples: number of examples (after ``max_examples`` and skipped files).
+      num_examples: number of examples (after ``max_examples`` and the bad files found at load).
       images: uint8 ``[N, H, W, C]`` (read-only) for in-memory splits, else None.
       labels: int64 ``[N]`` (``-1`` when unlabelled, read-only) for in-memory splits, else None.
-      dataset: unbatched ``tf.data.Dataset`` of ``(image uint8 [H, W, C], label int64)`` for
-        streamed splits, else None.
+      stream: a :class:`~uniclr_tf.data.stream.Stream` (records read and decoded inside tf.data)
+        for streamed splits, else None.
     """
 
     name: str
     num_examples: int
     images: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
     labels: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
-    dataset: Optional[tf.data.Dataset] = dataclasses.field(default=None, repr=False)
+    stream: Optional["Stream"] = dataclasses.field(default=None, repr=False)
 
     @property
     def in_memory(self) -> bool:
         """True when the split is held as NumPy arrays."""
         return self.images is not None
+
+    @property
+    def dataset(self) -> Optional[tf.data.Dataset]:
+        """A streamed split as an unbatched ``tf.data.Dataset`` of ``(image uint8 [H, W, C], label
+        int64)`` in its fixed order (decoded as it is read); None for in-memory splits."""
+        return None if self.stream is None else self.stream.dataset()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -65,7 +81,13 @@ class DatasetInfo:
       splits: ``{"train": Split, "test": Split}``.
       spec: the spec string that was loaded.
       class_names: class names in label order, or None.
-      num_skipped: bad files skipped (``folder:`` with ``skip_bad_files=True``), else 0.
+      num_skipped: bad files skipped at load (``skip_bad_files=True``), else 0.
+      eval_spec: the spec the test split came from (``load_dataset(eval_spec=...)``), else "".
+      notes: lines worth showing the user (where the test split comes from, what is held out,
+        whether a folder streams), also logged.
+      bad_files: for streamed splits loaded with ``skip_bad_files``, the records of the images
+        found bad while streaming (:class:`~uniclr_tf.data.stream.BadFiles`; see
+        :meth:`skipped_while_streaming`).
     """
 
     name: str
@@ -79,6 +101,18 @@ class DatasetInfo:
     spec: str = ""
     class_names: Optional[Tuple[str, ...]] = None
     num_skipped: int = 0
+    eval_spec: str = ""
+    notes: Tuple[str, ...] = ()
+    bad_files: Tuple["BadFiles", ...] = dataclasses.field(default=(), repr=False)
+
+    @property
+    def in_memory(self) -> bool:
+        """True when every split is held as NumPy arrays (nothing streams)."""
+        return all(split.in_memory for split in self.splits.values())
+
+    def skipped_while_streaming(self) -> Tuple[str, ...]:
+        """The bad images the streams have dropped so far (``skip_bad_files``), sorted."""
+        return tuple(sorted({name for record in self.bad_files for name in record.names()}))
 
     def split(self, name: str) -> Split:
         """Returns the split called ``name``; a DataError lists the splits there are."""

@@ -4,42 +4,60 @@
   offline from ``~/.keras/datasets/fashion-mnist`` (or from ``data_dir``), held in memory.
 * ``tfds:NAME[:SPLIT]`` (:mod:`.tfds`): any TensorFlow Datasets image dataset (``tfds:cifar10``,
   ``tfds:imagenette/160px:train[:10%]``, ``tfds:cifar10:3.0.2``), streamed from its TFRecords.
-* ``folder:PATH`` (:mod:`.folder`): image files, in class sub-folders or flat (unlabelled); decoded
-  and checked once, eagerly, then held in memory.
+* ``folder:PATH`` (:mod:`.folder`): image files, in class sub-folders or flat (unlabelled);
+  decoded into memory up to ``max_in_memory_mb``, streamed from disk above it.
+* ``tfrecord:TRAIN_GLOB[,TEST_GLOB]`` (:mod:`.tfrecord`): ``tf.train.Example`` records of encoded
+  images (``uniclr_tf.tools.folder_to_tfrecord`` writes them), streamed.
 
 :mod:`.common` holds what the sources share.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import types
 from typing import Optional, Sequence, Union
 
 from absl import logging
 
+from uniclr_tf.data.sources.common import _HOLDOUT_FRACTION, _MAX_IN_MEMORY_MB, LoadOptions
 from uniclr_tf.data.sources.fashion_mnist import _load_fashion_mnist
 from uniclr_tf.data.sources.folder import _load_folder
 from uniclr_tf.data.sources.tfds import _load_tfds
-from uniclr_tf.data.spec import SPEC_FORMS, DatasetInfo, _normalize_image_size
+from uniclr_tf.data.sources.tfrecord import _load_tfrecord
+from uniclr_tf.data.spec import SPEC_FORMS, DataError, DatasetInfo, _normalize_image_size
 
 
 def load_dataset(spec: str = "fashion_mnist", image_size: Union[int, Sequence[int], None] = None,
                  data_dir: Optional[str] = None, skip_bad_files: bool = False,
-                 max_examples: Optional[int] = None) -> DatasetInfo:
+                 max_examples: Optional[int] = None, eval_spec: Optional[str] = None,
+                 holdout_fraction: float = _HOLDOUT_FRACTION,
+                 max_in_memory_mb: float = _MAX_IN_MEMORY_MB) -> DatasetInfo:
     """Loads (and checks) the dataset named by ``spec``.
 
     Args:
-      spec: ``fashion_mnist``, ``tfds:NAME[:SPLIT]`` or ``folder:PATH`` (see the module docstring).
+      spec: ``fashion_mnist``, ``tfds:NAME[:SPLIT]``, ``folder:PATH`` or
+        ``tfrecord:TRAIN_GLOB[,TEST_GLOB]`` (see the module docstring).
       image_size: ``S`` or ``(H, W)``; images are resized to it (bilinear, antialiased). Required
         for datasets whose images vary in size; None keeps the native size.
       data_dir: for ``tfds:``, the TFDS data directory; for ``fashion_mnist``, a folder holding the
         four ``*-ubyte.gz`` files (default: Keras' cache, ``~/.keras/datasets/fashion-mnist``).
-      skip_bad_files: ``folder:`` only: skip (and count, in ``num_skipped``) undecodable or
-        mis-sized files instead of raising.
+      skip_bad_files: ``folder:`` and ``tfrecord:``: skip (and count, in ``num_skipped``, or in
+        ``skipped_while_streaming()`` for those found while streaming) undecodable or mis-sized
+        images instead of raising.
       max_examples: keep at most this many examples in EACH split (a deterministic subset).
+      eval_spec: another spec whose test split (its own test split if it has one, else all of it)
+        becomes the test split; ``spec`` then gives all its examples to training. Its images take
+        the training channels and ``image_size``; its classes must be the training ones.
+      holdout_fraction: the fraction of the training data held out for test when ``spec`` has no
+        test split and no ``eval_spec`` is given (per class for folders), in (0, 0.5].
+      max_in_memory_mb: ``folder:`` data whose decoded images (N x H x W x 3 bytes) fit in this
+        many MB is decoded into memory at load; larger folders stream from disk (0: always).
 
     Returns:
-      A :class:`DatasetInfo`.
+      A :class:`DatasetInfo`; its ``notes`` say where the test split comes from and whether a
+      folder streams.
 
     Raises:
       ValueError: unknown spec form or bad arguments.
@@ -52,20 +70,58 @@ def load_dataset(spec: str = "fashion_mnist", image_size: Union[int, Sequence[in
     size = _normalize_image_size(image_size)
     if max_examples is not None and (int(max_examples) != max_examples or max_examples < 1):
         raise ValueError(f"max_examples must be a positive integer or None; received {max_examples!r}")
-    max_examples = int(max_examples) if max_examples is not None else None
-    if spec in ("fashion_mnist", "fashion-mnist"):
-        info = _load_fashion_mnist(size, data_dir, max_examples)
-    elif spec.startswith("tfds:"):
-        info = _load_tfds(spec, size, data_dir, max_examples)
-    elif spec.startswith("folder:"):
-        info = _load_folder(spec, size, skip_bad_files, max_examples)
-    else:
-        hint = f" (it is a folder: did you mean 'folder:{spec}'?)" if os.path.isdir(spec) else ""
-        raise ValueError(f"unknown dataset spec {spec!r}{hint}; valid forms: {', '.join(SPEC_FORMS)}")
+    if not 0 < holdout_fraction <= 0.5:
+        raise ValueError(f"holdout_fraction must lie in (0, 0.5]; received {holdout_fraction!r}")
+    if max_in_memory_mb < 0:
+        raise ValueError(f"max_in_memory_mb must be >= 0; received {max_in_memory_mb!r}")
+    opts = LoadOptions(size=size, data_dir=data_dir, skip_bad_files=skip_bad_files,
+                       max_examples=int(max_examples) if max_examples is not None else None,
+                       holdout_fraction=holdout_fraction, max_in_memory_mb=max_in_memory_mb,
+                       splits="train" if eval_spec else "all")
+    info = _load(spec, opts)
+    if eval_spec:
+        eval_spec = eval_spec.strip()
+        test = _load(eval_spec, dataclasses.replace(opts, splits="test", channels=info.image_shape[-1],
+                                                    class_names=info.class_names))
+        info = _with_test_split(info, test)
     logging.info("dataset %s: train %d, test %d, image %s, classes %s, mean %s, std %s", info.spec,
                  info.num_train, info.num_test, info.image_shape, info.num_classes,
                  _fmt(info.mean), _fmt(info.std))
     return info
+
+
+def _load(spec, opts):
+    if spec in ("fashion_mnist", "fashion-mnist"):
+        return _load_fashion_mnist(opts)
+    if spec.startswith("tfds:"):
+        return _load_tfds(spec, opts)
+    if spec.startswith("folder:"):
+        return _load_folder(spec, opts)
+    if spec.startswith("tfrecord:"):
+        return _load_tfrecord(spec, opts)
+    hint = f" (it is a folder: did you mean 'folder:{spec}'?)" if os.path.isdir(spec) else ""
+    raise ValueError(f"unknown dataset spec {spec!r}{hint}; valid forms: {', '.join(SPEC_FORMS)}")
+
+
+def _with_test_split(info, other):
+    """``info`` (training data only) with the test split of ``other`` (loaded from ``eval_spec``)."""
+    where = other.spec
+    if tuple(other.image_shape) != tuple(info.image_shape):
+        raise DataError(f"{where}: images are {'x'.join(map(str, other.image_shape))} but the training images "
+                        f"({info.spec}) are {'x'.join(map(str, info.image_shape))}; pass image_size to resize both")
+    if info.num_classes and other.class_names and info.class_names and other.class_names != info.class_names:
+        raise DataError(f"{where}: classes {list(other.class_names)} differ from the training classes "
+                        f"{list(info.class_names)}")
+    if info.num_classes and other.num_classes and other.num_classes > info.num_classes:
+        raise DataError(f"{where}: has {other.num_classes} classes but the training data ({info.spec}) has "
+                        f"{info.num_classes}")
+    test = other.split("test")
+    note = f"{info.spec}: test split from {where} ({test.num_examples} images)"
+    logging.info("%s", note)
+    return dataclasses.replace(info, splits=types.MappingProxyType({"train": info.split("train"), "test": test}),
+                               num_test=test.num_examples, eval_spec=where, num_skipped=info.num_skipped +
+                               other.num_skipped, notes=info.notes + other.notes + (note,),
+                               bad_files=info.bad_files + other.bad_files)
 
 
 def _fmt(values):

@@ -50,8 +50,9 @@ def _read_idx_gz(path, offset):
         return np.frombuffer(f.read(), np.uint8, offset=offset)
 
 
-def _load_fashion_mnist(size, data_dir, max_examples):
+def _load_fashion_mnist(opts):
     """Fashion-MNIST through keras (offline from its cache), or from ``data_dir``'s gz files."""
+    size, data_dir, max_examples = opts.size, opts.data_dir, opts.max_examples
     folder = os.path.expanduser(data_dir) if data_dir else _keras_cache_dir()
     missing = [f for f in _FASHION_MNIST_FILES if not os.path.isfile(os.path.join(folder, f))]
     if missing:
@@ -73,9 +74,15 @@ def _load_fashion_mnist(size, data_dir, max_examples):
     if max_examples:
         x_train, y_train = x_train[:max_examples], y_train[:max_examples]
         x_test, y_test = x_test[:max_examples], y_test[:max_examples]
+    if opts.splits == "train":
+        x_test, y_test = x_test[:0], y_test[:0]
+    elif opts.splits == "test":
+        x_train, y_train = x_train[:0], y_train[:0]
     x_train = _resize_array(x_train[..., None], size)
     x_test = _resize_array(x_test[..., None], size)
-    if size is None:
+    if opts.channels == 3:  # the test split of RGB training data
+        x_train, x_test = np.repeat(x_train, 3, axis=-1), np.repeat(x_test, 3, axis=-1)
+    if size is None or opts.splits == "test":  # a test split only: the statistics are the training data's
         mean, std = FASHION_MNIST_MEAN, FASHION_MNIST_STD
     else:  # resampling changes the statistics slightly: measure them
         mean, std = _array_stats(x_train)

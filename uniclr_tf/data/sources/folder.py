@@ -1,10 +1,35 @@
 """``folder:PATH``: image files, in class sub-folders or flat (unlabelled).
 
-Every file is decoded (:func:`~uniclr_tf.data.decode.decode_image`) and checked once, eagerly,
-then held in memory; a bad file stops loading with a :class:`DataError` naming it, or is skipped
-and counted with ``skip_bad_files``. A folder with ``train`` and ``test`` (or ``val`` /
-``validation``) sub-folders gives those splits; otherwise a deterministic ~10 % per class is held
-out for test.
+A folder with ``train`` and ``test`` (or ``val`` / ``validation``) sub-folders gives those splits;
+otherwise a deterministic ``holdout_fraction`` (default 10 %) of each class is held out for test.
+Labels are the sorted class sub-folder names; a flat folder is unlabelled (-1).
+
+How the images are read depends on their decoded size, ``N x H x W x 3`` bytes (``H x W``: the
+``image_size``, else the first image's):
+
+* up to ``max_in_memory_mb`` (default 256 MB: e.g. 20k images of 64x64): every file is decoded
+  (:func:`~uniclr_tf.data.decode.decode_image`) and checked once, eagerly, then held in memory
+  (this also works without TensorFlow). A bad file stops loading with a one-line
+  :class:`DataError` naming it, or is skipped and counted with ``skip_bad_files``.
+* above it: the split streams from disk through tf.data (:mod:`uniclr_tf.data.stream`; needs
+  TensorFlow). What is checked when:
+
+  - at load, every file: :func:`~uniclr_tf.data.decode.image_header` (the header and the end of
+    the file; a file whose header or end does not look right is decoded in full) gives its
+    size and channels, so an undecodable or truncated file, or one of another size without
+    ``image_size``, stops loading naming it (or is skipped and counted, ``num_skipped``);
+  - at load, the first :data:`STREAM_STATS_SAMPLE` training files in the stream's order are
+    decoded in full (the per-channel mean / std are theirs): a failure there is handled the same;
+  - while streaming, each file is decoded when it is read; one that fails then (damage in the
+    middle of a file whose header and end are intact) stops the pipeline with an error naming it
+    (:func:`~uniclr_tf.data.stream.bad_file_message`), or with ``skip_bad_files`` is dropped,
+    named on stderr and recorded in ``DatasetInfo.bad_files``.
+
+  A streamed split's order is a deterministic shuffle of its files (a hash of their relative
+  paths), so its first ``N`` images are a sample of every class.
+
+Channels: grey everywhere stays grey; any colour image makes the whole dataset RGB (from the
+decoded images, or from every file's header when streaming).
 """
 
 from __future__ import annotations
@@ -15,11 +40,13 @@ import os
 import numpy as np
 from absl import logging
 
-from uniclr_tf.data.decode import ImageDecodeError, decode_image
-from uniclr_tf.data.sources.common import (_HOLDOUT_FRACTION, _make_info, _memory_split,
+from uniclr_tf.data.decode import ImageDecodeError, decode_image, image_header
+from uniclr_tf.data.lazy_tf import have_tensorflow, tf
+from uniclr_tf.data.sources.common import (_empty_split, _make_info, _memory_split, _note, _percent,
                                            _resize_uint8)
-from uniclr_tf.data.spec import DataError
-from uniclr_tf.data.stats import _array_stats
+from uniclr_tf.data.spec import DataError, Split
+from uniclr_tf.data.stats import _array_stats, _channel_stats
+from uniclr_tf.data.stream import BadFiles, Stream, bad_file_message, decode_records, list_records
 
 #: File name endings (lower case) that ``folder:`` specs read; other files are ignored.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
@@ -97,8 +124,8 @@ def _hash_order(paths, root):
     return sorted(range(len(paths)), key=key)
 
 
-def _holdout(files, labels, root):
-    """Deterministic ~10% per class for test (at least one image of a class that has two)."""
+def _holdout(files, labels, root, fraction):
+    """Deterministic ``fraction`` of each class for test (at least one image of a class that has two)."""
     groups = {}
     for i, label in enumerate(labels):
         groups.setdefault(label, []).append(i)
@@ -106,7 +133,7 @@ def _holdout(files, labels, root):
     for label in sorted(groups):
         members = groups[label]
         n = len(members)
-        k = max(1, int(round(_HOLDOUT_FRACTION * n))) if n >= 2 else 0
+        k = max(1, int(round(fraction * n))) if n >= 2 else 0
         order = _hash_order([files[i] for i in members], root)
         test_idx.update(members[j] for j in order[:k])
     train = [i for i in range(len(files)) if i not in test_idx]
@@ -136,24 +163,35 @@ def _decode_file(path):
         raise _BadImage(e.args[0]) from None
 
 
-def _decode_files(files, size, skip_bad_files, reference):
-    """Decodes and checks every file; returns ``(images, kept indices, skipped paths)``.
+def _read_header(path):
+    """:func:`image_header` of one file (its ``.shape`` is ``(H, W, C)``); raises _BadImage."""
+    try:
+        return image_header(path)
+    except OSError as e:
+        raise _BadImage(f"cannot read file ({e.strerror or e})")
+    except ImageDecodeError as e:
+        raise _BadImage(e.args[0]) from None
+
+
+def _decode_files(files, size, skip_bad_files, reference, read=_decode_file):
+    """Reads and checks every file with ``read`` (:func:`_decode_file`: the decoded image, resized
+    to ``size``; :func:`_read_header`: its header); returns ``(results, kept indices, skipped paths)``.
 
     ``reference`` is a one-element list holding ``(path, (H, W))`` of the first good image, shared
     between the splits so that both must match it when ``size`` is None.
     """
-    images, kept, skipped = [], [], []
+    results, kept, skipped = [], [], []
     for i, path in enumerate(files):
         try:
-            image = _decode_file(path)
+            result = read(path)
             if size is not None:
-                if tuple(image.shape[:2]) != tuple(size):
-                    image = _resize_uint8(image, size).numpy()
+                if read is _decode_file and tuple(result.shape[:2]) != tuple(size):
+                    result = _resize_uint8(result, size).numpy()
             elif not reference:
-                reference.append((path, tuple(image.shape[:2])))
-            elif tuple(image.shape[:2]) != reference[0][1]:
+                reference.append((path, tuple(result.shape[:2])))
+            elif tuple(result.shape[:2]) != reference[0][1]:
                 (first, (h, w)) = reference[0]
-                raise _BadImage(f"image is {image.shape[0]}x{image.shape[1]} but the first image "
+                raise _BadImage(f"image is {result.shape[0]}x{result.shape[1]} but the first image "
                                 f"({first}) is {h}x{w}; pass image_size to resize")
         except _BadImage as e:
             if not skip_bad_files:
@@ -162,11 +200,11 @@ def _decode_files(files, size, skip_bad_files, reference):
             if len(skipped) <= 10:
                 logging.warning("skipping %s: %s", path, e.args[0])
             continue
-        images.append(image)
+        results.append(result)
         kept.append(i)
         if (i + 1) % 10_000 == 0:
-            logging.info("decoded %d / %d images", i + 1, len(files))
-    return images, kept, skipped
+            logging.info("%s %d / %d images", "decoded" if read is _decode_file else "checked", i + 1, len(files))
+    return results, kept, skipped
 
 
 def _stack(images, channels):
@@ -179,55 +217,192 @@ def _stack(images, channels):
     return out
 
 
-def _load_folder(spec, size, skip_bad_files, max_examples):
-    """Image files in class sub-folders (labels = sorted names) or flat (unlabelled, -1)."""
+#: Training files decoded at load for the mean / std of a streamed folder (and checked in full).
+STREAM_STATS_SAMPLE = 2_000
+
+
+def _list_splits(root, opts, spec, notes):
+    """``(train files, train labels, test files, test labels, class names)`` of the folder, as
+    ``opts.splits`` asks (see :data:`~uniclr_tf.data.sources.common.SPLITS`)."""
+    train_dir = os.path.join(root, "train")
+    test_dir = next((os.path.join(root, d) for d in _TEST_DIR_NAMES
+                     if os.path.isdir(os.path.join(root, d))), None)
+    has_splits = os.path.isdir(train_dir) and test_dir is not None
+    if opts.splits == "test":  # the test split of another spec's training data
+        directory = test_dir if has_splits else root
+        labelled = None if opts.class_names is None else True
+        files, labels, class_names = _list_folder(directory, opts.class_names, labelled=labelled)
+        if not files:
+            raise DataError(f"{directory}: no images found under {directory} (extensions "
+                            f"{', '.join(IMAGE_EXTENSIONS)})")
+        return [], [], files, labels, class_names
+    if has_splits:
+        train_files, train_labels, class_names = _list_folder(train_dir)
+        if not train_files:
+            raise DataError(f"{train_dir}: no images found under {train_dir}")
+        if opts.splits == "train":
+            return train_files, train_labels, [], [], class_names
+        test_files, test_labels, _ = _list_folder(test_dir, class_names, labelled=class_names is not None)
+        logging.info("%s: using %s and %s as the train and test splits", root, train_dir, test_dir)
+        return train_files, train_labels, test_files, test_labels, class_names
+    files, labels, class_names = _list_folder(root)
+    if not files:
+        raise DataError(f"{root}: no images found under {root} (extensions {', '.join(IMAGE_EXTENSIONS)})")
+    if opts.splits == "train":
+        return files, labels, [], [], class_names
+    train_files, train_labels, test_files, test_labels = _holdout(files, labels, root, opts.holdout_fraction)
+    _note(notes, f"{spec}: no test split; holding out {_percent(opts.holdout_fraction)} ({len(test_files)} "
+                 f"images) {'per class ' if class_names else ''}as test")
+    return train_files, train_labels, test_files, test_labels, class_names
+
+
+def _load_folder(spec, opts):
+    """Image files in class sub-folders (labels = sorted names) or flat (unlabelled, -1); decoded
+    into memory, or streamed when larger than ``opts.max_in_memory_mb`` (see the module docstring)."""
     path = os.path.expanduser(spec[len("folder:"):])
     if not path:
         raise ValueError(f"dataset spec {spec!r} names no folder; expected folder:PATH")
     root = os.path.abspath(path)
     if not os.path.isdir(root):
         raise DataError(f"{root}: no such folder")
+    notes = []
+    train_files, train_labels, test_files, test_labels, class_names = _list_splits(root, opts, spec, notes)
+    train_files, train_labels = _subsample(train_files, train_labels, opts.max_examples, root)
+    test_files, test_labels = _subsample(test_files, test_labels, opts.max_examples, root)
 
-    train_dir = os.path.join(root, "train")
-    test_dir = next((os.path.join(root, d) for d in _TEST_DIR_NAMES
-                     if os.path.isdir(os.path.join(root, d))), None)
-    if os.path.isdir(train_dir) and test_dir is not None:
-        train_files, train_labels, class_names = _list_folder(train_dir)
-        if not train_files:
-            raise DataError(f"{train_dir}: no images found under {train_dir}")
-        test_files, test_labels, _ = _list_folder(test_dir, class_names, labelled=class_names is not None)
-        logging.info("%s: using %s and %s as the train and test splits", root, train_dir, test_dir)
-    else:
-        files, labels, class_names = _list_folder(root)
-        if not files:
-            raise DataError(f"{root}: no images found under {root} (extensions {', '.join(IMAGE_EXTENSIONS)})")
-        train_files, train_labels, test_files, test_labels = _holdout(files, labels, root)
-    train_files, train_labels = _subsample(train_files, train_labels, max_examples, root)
-    test_files, test_labels = _subsample(test_files, test_labels, max_examples, root)
+    count = len(train_files) + len(test_files)
+    height, width = opts.size or _first_size(train_files + test_files)
+    megabytes = count * height * width * 3 / 2 ** 20
+    if megabytes <= opts.max_in_memory_mb:
+        logging.info("%s: %d images, %.1f MB decoded <= %g MB: decoded into memory", spec, count, megabytes,
+                     opts.max_in_memory_mb)
+        return _folder_in_memory(spec, root, opts, notes, class_names, train_files, train_labels, test_files,
+                                 test_labels)
+    message = (f"{spec}: {count} images, {megabytes:.0f} MB decoded > {opts.max_in_memory_mb:g} MB "
+               f"(max_in_memory_mb)")
+    if not have_tensorflow():
+        raise DataError(f"{message}: streaming it needs tf.data, and TensorFlow is not installed here; raise "
+                        "max_in_memory_mb (--max_in_memory_mb) to decode it into memory")
+    _note(notes, f"{message}: streamed from disk through tf.data")
+    return _folder_streamed(spec, root, opts, notes, class_names, train_files, train_labels, test_files,
+                            test_labels)
 
+
+def _first_size(files, tries=10):
+    """``(H, W)`` of the first readable file among the first ``tries`` (``(0, 0)``: none; the
+    checks that follow report them)."""
+    for path in files[:tries]:
+        try:
+            return _read_header(path).shape[:2]
+        except _BadImage:
+            continue
+    return 0, 0
+
+
+def _channels(opts, files, counts):
+    """The dataset's channels from each file's (``counts``): grey everywhere stays grey, any colour
+    image makes the whole dataset RGB. The test split of another spec's training data takes the
+    training channels (``opts.channels``): grey images are repeated to RGB, colour ones refused."""
+    channels = 1 if all(c == 1 for c in counts) else 3
+    if opts.channels == 1 and channels == 3:
+        colour = next(f for f, c in zip(files, counts) if c == 3)
+        raise DataError(f"{colour}: colour image, but the training images are grey")
+    return opts.channels or channels
+
+
+def _folder_in_memory(spec, root, opts, notes, class_names, train_files, train_labels, test_files,
+                      test_labels):
+    """Every file decoded and checked now, the splits held as arrays."""
     reference = []
-    train_images, train_kept, train_skipped = _decode_files(train_files, size, skip_bad_files, reference)
-    test_images, test_kept, test_skipped = _decode_files(test_files, size, skip_bad_files, reference)
+    train_images, train_kept, train_skipped = _decode_files(train_files, opts.size, opts.skip_bad_files,
+                                                            reference)
+    test_images, test_kept, test_skipped = _decode_files(test_files, opts.size, opts.skip_bad_files, reference)
     skipped = train_skipped + test_skipped
     if skipped:
         logging.warning("%s: skipped %d bad image file(s) of %d (first: %s)", root, len(skipped),
                         len(train_files) + len(test_files), skipped[0])
-    if not train_images:
+    if not (test_images if opts.splits == "test" else train_images):
         raise DataError(f"{root}: no readable images found under {root} ({len(skipped)} bad file(s) skipped)")
-    # Grey everywhere stays grey; any colour image makes the whole dataset RGB.
-    channels = 1 if all(im.shape[-1] == 1 for im in train_images + test_images) else 3
-    height, width = train_images[0].shape[:2]
+    channels = _channels(opts, [train_files[i] for i in train_kept] + [test_files[i] for i in test_kept],
+                         [im.shape[-1] for im in train_images + test_images])
+    height, width = (train_images or test_images)[0].shape[:2]
     x_train = _stack(train_images, channels)
     del train_images
     x_test = _stack(test_images, channels)
-    if x_test is None:
-        x_test = np.zeros((0, height, width, channels), np.uint8)
-        logging.warning("%s: the test split is empty", root)
     y_train = np.asarray([train_labels[i] for i in train_kept], np.int64)
     y_test = np.asarray([test_labels[i] for i in test_kept], np.int64)
-    mean, std = _array_stats(x_train)
-    return _make_info(name=os.path.basename(root) or root, spec=spec,
-                      train=_memory_split("train", x_train, y_train),
-                      test=_memory_split("test", x_test, y_test),
-                      num_classes=len(class_names) if class_names else None,
-                      class_names=class_names, mean=mean, std=std, num_skipped=len(skipped))
+    train = (_memory_split("train", x_train, y_train) if x_train is not None
+             else _empty_split("train", (height, width, channels)))
+    test = (_memory_split("test", x_test, y_test) if x_test is not None
+            else _empty_split("test", (height, width, channels)))
+    if x_test is None and opts.splits == "all":
+        logging.warning("%s: the test split is empty", root)
+    mean, std = _array_stats(x_train) if x_train is not None else ((0.5,) * channels, (0.5,) * channels)
+    return _make_info(name=os.path.basename(root) or root, spec=spec, train=train, test=test,
+                      num_classes=len(class_names) if class_names else None, class_names=class_names,
+                      mean=mean, std=std, num_skipped=len(skipped), image_shape=(height, width, channels),
+                      notes=notes)
+
+
+def _file_stream(files, labels, image_shape, resize, bad_files):
+    """A :class:`Stream` of image files: shuffled as a list of names, each decoded when read."""
+    def load(path, label):
+        return tf.io.read_file(path), label, path
+
+    def describe(path, label):
+        return label, path
+
+    return Stream(list_records(list(files), np.asarray(labels, np.int64)),
+                  lambda records: decode_records(records, load, describe, image_shape, resize, bad_files))
+
+
+def _folder_streamed(spec, root, opts, notes, class_names, train_files, train_labels, test_files,
+                     test_labels):
+    """Every file's header checked now; the splits streamed (decoded as they are read)."""
+    total = len(train_files) + len(test_files)
+    reference = []
+    train_headers, train_kept, train_skipped = _decode_files(train_files, opts.size, opts.skip_bad_files,
+                                                             reference, read=_read_header)
+    test_headers, test_kept, test_skipped = _decode_files(test_files, opts.size, opts.skip_bad_files, reference,
+                                                          read=_read_header)
+    skipped = train_skipped + test_skipped
+    if not (test_headers if opts.splits == "test" else train_headers):
+        raise DataError(f"{root}: no readable images found under {root} ({len(skipped)} bad file(s) skipped)")
+    channels = _channels(opts, [train_files[i] for i in train_kept] + [test_files[i] for i in test_kept],
+                         [h.shape[-1] for h in train_headers + test_headers])
+    height, width = opts.size or reference[0][1]
+    image_shape = (height, width, channels)
+
+    def ordered(files, labels, kept):  # the stream's order: a deterministic shuffle of the files
+        files, labels = [files[i] for i in kept], [labels[i] for i in kept]
+        order = _hash_order(files, root)
+        return [files[i] for i in order], [labels[i] for i in order]
+
+    train_files, train_labels = ordered(train_files, train_labels, train_kept)
+    test_files, test_labels = ordered(test_files, test_labels, test_kept)
+    resize = opts.size is not None
+    mean, std = (0.5,) * channels, (0.5,) * channels
+    if train_files:  # decode a sample in full: the statistics, and a closer look at those files
+        sample = BadFiles() if opts.skip_bad_files else None
+        stream = _file_stream(train_files[:STREAM_STATS_SAMPLE], train_labels[:STREAM_STATS_SAMPLE], image_shape,
+                              resize, sample)
+        try:
+            mean, std = _channel_stats((x.numpy() for x, _ in stream.dataset().batch(64)), channels)
+        except tf.errors.OpError as e:
+            raise DataError(bad_file_message(e) or f"{root}: {e.message.splitlines()[0]}") from None
+        if sample is not None and sample.names():
+            bad = set(sample.names())
+            skipped += sorted(bad)
+            keep = [i for i, f in enumerate(train_files) if f not in bad]
+            train_files, train_labels = [train_files[i] for i in keep], [train_labels[i] for i in keep]
+    if skipped:
+        logging.warning("%s: skipped %d bad image file(s) of %d (first: %s)", root, len(skipped), total, skipped[0])
+    bad_files = BadFiles() if opts.skip_bad_files else None
+    train = Split("train", len(train_files), stream=_file_stream(train_files, train_labels, image_shape, resize,
+                                                                 bad_files))
+    test = Split("test", len(test_files), stream=_file_stream(test_files, test_labels, image_shape, resize,
+                                                              bad_files))
+    return _make_info(name=os.path.basename(root) or root, spec=spec, train=train, test=test,
+                      num_classes=len(class_names) if class_names else None, class_names=class_names,
+                      mean=mean, std=std, num_skipped=len(skipped), image_shape=image_shape, notes=notes,
+                      bad_files=bad_files)

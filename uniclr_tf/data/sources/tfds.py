@@ -1,7 +1,8 @@
 """``tfds:NAME[:SPLIT]``: a TensorFlow Datasets image dataset, streamed from its TFRecords.
 
 ``tensorflow_datasets`` is imported only when such a spec is loaded. The test split is ``test``,
-else ``validation``, else a held-out part of the train split.
+else ``validation``, else the last ``holdout_fraction`` of the train split. The examples stream
+(decoded by TFDS), shuffled through a buffer of :data:`~uniclr_tf.data.stream.SHUFFLE_BUFFER`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import numpy as np
 from absl import logging
 
 from uniclr_tf.data.lazy_tf import AUTOTUNE, tf
-from uniclr_tf.data.sources.common import _HOLDOUT_FRACTION, _make_info, _resize_uint8
+from uniclr_tf.data.sources.common import _make_info, _note, _percent, _resize_uint8
 from uniclr_tf.data.spec import DataError, Split, _parse_tfds_spec
 from uniclr_tf.data.stats import _channel_stats
+from uniclr_tf.data.stream import Stream, dataset_records
 
 _TFDS_STATS_SAMPLE = 2_000  # images read for the per-channel mean / std (streamed data must be read to be measured)
 
@@ -24,14 +26,16 @@ def _first_line(error):
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _load_tfds(spec, size, data_dir, max_examples):
+def _load_tfds(spec, opts):
     """A TFDS image dataset, streamed; the test split is 'test', else 'validation', else held out."""
     import tensorflow_datasets as tfds  # lazy: importing it costs time and most runs don't need it
 
+    size, max_examples = opts.size, opts.max_examples
     name, split = _parse_tfds_spec(spec)
+    notes = []
     where = f"tfds:{name}"
     try:
-        builder = tfds.builder(name, data_dir=data_dir)
+        builder = tfds.builder(name, data_dir=opts.data_dir)
     except tfds.core.registered.DatasetNotFoundError as e:
         raise DataError(f"{where}: unknown TFDS dataset (catalog: https://www.tensorflow.org/datasets/catalog)") from e
     except Exception as e:  # bad version, bad config, ...
@@ -50,7 +54,7 @@ def _load_tfds(spec, size, data_dir, max_examples):
     channels = shape[2]
     if channels not in (1, 2, 3, 4):
         raise DataError(f"{where}: 'image' has {channels} channels; expected 1 or 3 (or 2 / 4 with alpha)")
-    out_channels = 1 if channels in (1, 2) else 3
+    out_channels = opts.channels or (1 if channels in (1, 2) else 3)
     if size is None and (shape[0] is None or shape[1] is None):
         raise DataError(f"{where}: images vary in size (feature shape {shape}); pass image_size "
                         "(--image_size) to resize them")
@@ -79,17 +83,27 @@ def _load_tfds(spec, size, data_dir, max_examples):
         test_split = "test"
     elif "validation" in known:
         test_split = "validation"
-    elif re.fullmatch(r"[\w-]+", train_split):
-        test_split = f"{train_split}[{100 - int(100 * _HOLDOUT_FRACTION)}%:]"
-        train_split = f"{train_split}[:{100 - int(100 * _HOLDOUT_FRACTION)}%]"
-        logging.warning("%s: no test or validation split; holding out %s for test", where, test_split)
-    else:
+    elif re.fullmatch(r"[\w-]+", train_split) and opts.splits != "train":
+        total = int(builder.info.splits[train_split].num_examples)
+        held = max(1, int(round(opts.holdout_fraction * total)))
+        test_split, train_split = f"{train_split}[{total - held}:]", f"{train_split}[:{total - held}]"
+        _note(notes, f"{spec}: no test split; holding out {_percent(opts.holdout_fraction)} ({held} images, the "
+                     f"last of the split) as test")
+    elif opts.splits != "train":
         logging.warning("%s: no test or validation split; the test split is empty", where)
+    if opts.splits == "train":
+        test_split = None
+    elif opts.splits == "test":  # the test split of another spec's training data: the split named, else the test
+        test_split, train_split = split or test_split or train_split, None
 
     def to_pair(example):
         image = example["image"]
         if channels in (2, 4):
-            image = image[..., :out_channels]  # drop alpha
+            image = image[..., :3 if channels == 4 else 1]  # drop alpha
+        if out_channels == 3 and channels in (1, 2):
+            image = tf.tile(image, [1, 1, 3])
+        elif out_channels == 1 and channels in (3, 4):
+            image = tf.image.rgb_to_grayscale(image)
         if size is not None and tuple(shape[:2]) != tuple(size):
             image = _resize_uint8(image, size)
         image = tf.ensure_shape(image, (*out_size, out_channels))
@@ -101,7 +115,7 @@ def _load_tfds(spec, size, data_dir, max_examples):
         if tfds_split is None:
             empty = tf.data.Dataset.from_tensor_slices(
                 (np.zeros((0, *out_size, out_channels), np.uint8), np.zeros((0,), np.int64)))
-            return Split(name=kind, num_examples=0, dataset=empty)
+            return Split(name=kind, num_examples=0, stream=Stream(dataset_records(empty, 0)))
         try:
             ds = builder.as_dataset(split=tfds_split, shuffle_files=False)
         except Exception as e:
@@ -115,14 +129,14 @@ def _load_tfds(spec, size, data_dir, max_examples):
         if max_examples:
             ds, count = ds.take(max_examples), min(count, max_examples)
         ds = ds.map(to_pair, num_parallel_calls=AUTOTUNE)
-        return Split(name=kind, num_examples=count, dataset=ds)
+        return Split(name=kind, num_examples=count, stream=Stream(dataset_records(ds, count)))
 
     train = make_split("train", train_split)
     test = make_split("test", test_split)
-    if train.num_examples == 0:
-        raise DataError(f"{where}: split {train_split!r} is empty")
+    if (train if opts.splits != "test" else test).num_examples == 0:
+        raise DataError(f"{where}: split {train_split or test_split!r} is empty")
     sample = train.dataset.take(_TFDS_STATS_SAMPLE).batch(256)
     mean, std = _channel_stats((x.numpy() for x, _ in sample), out_channels)
     return _make_info(name=name, spec=spec, train=train, test=test, num_classes=num_classes,
                       class_names=class_names, mean=mean, std=std,
-                      image_shape=(*out_size, out_channels))
+                      image_shape=(*out_size, out_channels), notes=notes)

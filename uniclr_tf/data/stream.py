@@ -1,0 +1,194 @@
+"""Splits read lazily through tf.data, and the checked decoding of their images.
+
+A streamed split is a :class:`Stream`: its *records* (file names, serialized ``tf.train.Example``
+protos, or the examples of a TFDS split) in a fixed order, which
+:func:`~uniclr_tf.data.pipelines.pretrain_dataset` shuffles before anything is decoded, and a
+*decode* step that turns each record into ``(image uint8 [H, W, C], label int64)`` inside
+tf.data, in parallel. Memory holds the list of records (file names), the shuffle buffer (of file
+names, or of at most :data:`SHUFFLE_BUFFER` serialized records) and the batches being prefetched:
+not the decoded split, whatever its size.
+
+:func:`decode_records` checks every image as it decodes it: ``decode_image``'s rule (TensorFlow's
+decoder, native channels, the first frame of an animation, alpha dropped), then the split's
+channels (grey repeated to RGB; RGB averaged to grey only in a ``tfrecord:`` split whose sample was
+grey) and its size (resized to ``image_size``, else an image of another size is bad). A record
+that fails:
+
+* by default stops the pipeline: the error raised from the iterator carries
+  ``[uniclr_tf: bad image] NAME: REASON [/uniclr_tf]``, and :func:`bad_file_message` turns it
+  into the one-line message ``NAME: REASON`` (the train CLI prints it);
+* with ``skip_bad_files`` (a :class:`BadFiles` given) is dropped, named once on stderr, and
+  recorded in the :class:`BadFiles` (``names()`` after the run).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Callable, Optional
+
+from uniclr_tf.data.lazy_tf import AUTOTUNE, tf
+from uniclr_tf.data.sources.common import _resize_uint8
+
+#: Records held in the shuffle buffer of a stream that cannot shuffle its whole record list
+#: (TFDS splits, TFRecord files: serialized records, not decoded images).
+SHUFFLE_BUFFER = 10_000
+
+_MARKER, _END = "[uniclr_tf: bad image] ", " [/uniclr_tf]"
+_BAD_FILE_RE = re.compile(re.escape(_MARKER) + r"(.*?)" + re.escape(_END), re.S)
+_OK, _UNDECODABLE, _WRONG_SIZE = 0, 1, 2
+UNDECODABLE = "cannot decode image (truncated or not an image)"  # decode_image's reason
+
+
+class Stream:
+    """How a streamed split is read: its records, then their decoding.
+
+    Args:
+      records: ``records(shuffle, seed)`` -> unbatched ``tf.data.Dataset`` of the split's records
+        (2-tuples of tensors) in their fixed order, or shuffled (deterministically given ``seed``,
+        a new order on each iteration) when ``shuffle``.
+      decode: ``decode(dataset of records)`` -> dataset of ``(image, label)``
+        (:func:`decode_records`); None when the records are ``(image, label)`` already.
+    """
+
+    def __init__(self, records: Callable, decode: Optional[Callable] = None):
+        self._records, self._decode = records, decode
+
+    def records(self, shuffle: bool = False, seed: int = 0) -> tf.data.Dataset:
+        """The undecoded records, in the split's order or shuffled."""
+        return self._records(shuffle, seed)
+
+    def decode(self, records: tf.data.Dataset) -> tf.data.Dataset:
+        """``(image uint8 [H, W, C], label int64)`` of each record (bad ones handled as set up)."""
+        return records if self._decode is None else self._decode(records)
+
+    def dataset(self) -> tf.data.Dataset:
+        """The split's examples in its fixed order, decoded as they are read."""
+        return self.decode(self.records())
+
+
+def list_records(first, second):
+    """``records(shuffle, seed)`` of a record list held as two parallel lists (file names and
+    labels): a shuffle permutes the whole list (cheap: names, not images)."""
+    count = len(first)
+
+    def records(shuffle, seed):
+        ds = tf.data.Dataset.from_tensor_slices((first, second))
+        if shuffle and count:
+            ds = ds.shuffle(count, seed=seed, reshuffle_each_iteration=True)
+        return ds
+    return records
+
+
+def dataset_records(dataset, count):
+    """``records(shuffle, seed)`` of a dataset (a TFDS split): shuffled through a buffer of at most
+    :data:`SHUFFLE_BUFFER` records."""
+    def records(shuffle, seed):
+        if shuffle and count:
+            return dataset.shuffle(min(count, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
+        return dataset
+    return records
+
+
+class BadFiles:
+    """The bad images met while streaming with ``skip_bad_files``: each is dropped from the
+    stream, named on stderr the first time it is met, and recorded (a TensorFlow hash table, so
+    tf.data can update it from its own threads)."""
+
+    def __init__(self):
+        self._seen = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=0)
+
+    def keep(self, status, name, reason):
+        """Inside tf.data: True for a good image; for a bad one, records it and returns False."""
+        def drop():
+            def announce():
+                tf.print(tf.strings.join(["warning: skipping ", name, ": ", reason, " (found while streaming)"]),
+                         output_stream=sys.stderr)
+                return tf.constant(True)
+            new = tf.equal(self._seen.lookup(name), 0)
+            said = tf.cond(new, announce, lambda: tf.constant(False))
+            with tf.control_dependencies([said, self._seen.insert(name, tf.constant(1, tf.int64))]):
+                return tf.constant(False)
+        return tf.cond(tf.equal(status, _OK), lambda: tf.constant(True), drop)
+
+    def names(self):
+        """The bad images found so far (file names, or TFRecord record names), sorted."""
+        keys, _ = self._seen.export()
+        return sorted(k.decode("utf-8", "replace") for k in keys.numpy())
+
+
+def _to_channels(image, channels):
+    """``decode_image``'s native channels (1 to 4) -> ``channels``: alpha dropped, grey repeated to
+    RGB (or RGB averaged to grey, for a grey ``tfrecord:`` split)."""
+    count = tf.shape(image)[-1]
+    if channels == 1:
+        image = tf.cond(count >= 3, lambda: tf.image.rgb_to_grayscale(image[..., :3]), lambda: image[..., :1])
+    else:
+        image = tf.cond(count >= 3, lambda: image[..., :3], lambda: tf.tile(image[..., :1], [1, 1, 3]))
+    return tf.ensure_shape(image, (None, None, channels))
+
+
+def decode_records(records, load, describe, image_shape, resize, bad_files=None):
+    """Decodes a dataset of records into ``(image uint8 image_shape, label int64)``, checking each.
+
+    Args:
+      records: unbatched dataset of 2-tuples.
+      load: ``load(a, b)`` -> ``(file bytes, label int64, name string)`` of a record (runs in tf.data).
+      describe: ``describe(a, b)`` -> ``(label, name)`` without reading the image (for a bad one).
+      image_shape: ``(H, W, C)`` of every output image.
+      resize: resize each image to ``(H, W)`` (bilinear, antialiased, as in-memory data); False:
+        an image of another size is bad.
+      bad_files: None: a bad image stops the pipeline with an error naming it; a :class:`BadFiles`:
+        bad images are dropped and recorded there.
+
+    Each record is decoded in its own small dataset (``ignore_errors`` then a fallback element), run
+    in parallel by a deterministic ``interleave``: the result keeps the record order, and a failure
+    is known with the record's name.
+    """
+    height, width, channels = image_shape
+
+    def decode(a, b):
+        raw, label, name = load(a, b)
+        image = _to_channels(tf.io.decode_image(raw, channels=0, dtype=tf.uint8, expand_animations=False),
+                             channels)
+        size = tf.shape(image)[:2]
+        same = tf.reduce_all(tf.equal(size, [height, width]))
+        if resize:
+            image = tf.cond(same, lambda: image, lambda: _resize_uint8(image, (height, width)))
+            status = tf.constant(_OK)
+        else:
+            image = tf.cond(same, lambda: tf.reshape(image, image_shape),
+                            lambda: tf.zeros(image_shape, tf.uint8))
+            status = tf.where(same, _OK, _WRONG_SIZE)
+        return tf.ensure_shape(image, image_shape), label, status, name, size
+
+    def failed(a, b):
+        label, name = describe(a, b)
+        return tf.zeros(image_shape, tf.uint8), label, tf.constant(_UNDECODABLE), name, tf.zeros((2,), tf.int32)
+
+    def one(a, b):
+        record = tf.data.Dataset.from_tensors((a, b))
+        return record.map(decode).ignore_errors().concatenate(record.map(failed)).take(1)
+
+    def reason(status, size):
+        return tf.cond(tf.equal(status, _WRONG_SIZE),
+                       lambda: tf.strings.format("image is {}x{} but the dataset's images are {}x{}; pass image_size "
+                                                 "to resize", (size[0], size[1], height, width)),
+                       lambda: tf.constant(UNDECODABLE))
+
+    ds = records.interleave(one, block_length=1, num_parallel_calls=AUTOTUNE, deterministic=True)
+    if bad_files is None:
+        def check(image, label, status, name, size):
+            message = tf.strings.join([_MARKER, name, ": ", reason(status, size), _END])
+            with tf.control_dependencies([tf.debugging.Assert(tf.equal(status, _OK), [message])]):
+                return tf.identity(image), label
+        return ds.map(check)
+    ds = ds.filter(lambda image, label, status, name, size: bad_files.keep(status, name, reason(status, size)))
+    return ds.map(lambda image, label, *_: (image, label))
+
+
+def bad_file_message(error: BaseException) -> Optional[str]:
+    """``NAME: REASON`` when ``error`` comes from a bad image in a stream (its message carries the
+    marker :func:`decode_records` puts there), else None."""
+    match = _BAD_FILE_RE.search(str(error))
+    return match.group(1) if match else None
