@@ -29,7 +29,7 @@ $(FMNIST): | $(STAMP)
 # Pretrain on Fashion-MNIST on the CPU (quickstart config), print kNN vs the raw-pixel baseline,
 # export the encoder as a SavedModel and reload it in a fresh process.
 demo: $(STAMP) $(FMNIST)
-	$(PY) -m uniclr_tf.train --flagfile=configs/quickstart.flags --method=simaffinity --temperature=0.2 --run_name=demo --overwrite
+	$(PY) -m uniclr_tf.train --flagfile=configs/quickstart.flags --method=simaffinity --encoder=small --temperature=0.1 --run_name=demo --overwrite
 	$(PY) -m uniclr_tf.export --run_dir=runs/demo --out=runs/demo/export --overwrite
 	$(PY) -m uniclr_tf.export --check=runs/demo/export --run_dir=runs/demo
 

@@ -187,3 +187,14 @@ def test_device_augmentation_inside_the_train_step(backend, run_python):
     losses = run_python(DEVICE_AUG, backend=backend)["losses"]
     assert np.all(np.isfinite(losses))
     assert len(set(np.round(losses, 6))) == 3, losses
+
+
+def test_small_encoder_is_tiny_with_a_fourth_stride_2_convolution():
+    small = encoders.build_encoder("small", (28, 28, 1), width=8)
+    tiny = encoders.build_encoder("tiny", (28, 28, 1), width=8)
+    convs = [layer for layer in small.layers if isinstance(layer, keras.layers.Conv2D)]
+    assert [c.strides for c in convs] == [(1, 1), (2, 2), (2, 2), (2, 2)]
+    assert [c.filters for c in convs] == [8, 16, 32, 64]
+    x = np.zeros((2, 28, 28, 1), "float32")
+    assert tuple(small(x).shape) == (2, 64) and tuple(tiny(x).shape) == (2, 32)
+    assert tuple(keras.Model(small.inputs, small.get_layer("relu4").output)(x).shape) == (2, 4, 4, 64)

@@ -14,7 +14,7 @@ an error naming the flag. View fields left at None take the method's augmentatio
 import dataclasses
 import json
 
-ENCODERS = ("resnet18", "resnet50", "tiny")
+ENCODERS = ("resnet18", "resnet50", "small", "tiny")
 OPTIMIZERS = ("lars", "sgd", "adamw")
 PRECISIONS = ("float32", "bfloat16", "float16")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "data_parallel")

@@ -45,7 +45,7 @@ HELP = {
                         "into memory at load (faster epochs; needed without TensorFlow); larger ones stream from disk "
                         "through tf.data. 0: always stream.",
     "encoder": "Backbone architecture.",
-    "encoder_width": "Base width of resnet18/tiny (0: 64 for resnet18, 16 for tiny).",
+    "encoder_width": "Base width of resnet18/small/tiny (0: 64 for resnet18, 32 for small, 16 for tiny).",
     "projector_dims": "Projector layer sizes, e.g. 2048,2048,256 (CIFAR) or 2048,2048,2048 (ImageNet).",
     "predictor_hidden": "Hidden size of the predictor (methods with one: byol, simsiam, moco_v3, or --predictor).",
     "method": "Self-supervised method (uniclr_tf.methods); its options are the flags below. Alias: --objective.",
