@@ -157,8 +157,9 @@ def labelled_subset(info, fraction, seed):
         keep[indices] = True
         mask = tf.constant(keep)
         kept = part.dataset.enumerate().filter(lambda index, pair: tf.gather(mask, index))
-        dataset = kept.map(lambda _, example: example)
-        train = Split(name="train", num_examples=len(indices), dataset=dataset)
+        dataset = kept.map(lambda _, example: example)  # decoded (image, label) pairs, the subset's
+        from uniclr_tf.data.stream import Stream, dataset_records
+        train = Split(name="train", num_examples=len(indices), stream=Stream(dataset_records(dataset, len(indices))))
     splits = types.MappingProxyType({**info.splits, "train": train})
     return dataclasses.replace(info, splits=splits, num_train=len(indices)), record
 
