@@ -38,6 +38,21 @@ def _top_k_keras(train):
     return top_k
 
 
+def _bank_labels(train_labels, n_train, num_classes):
+    """A memory bank's labels as int64 ``[n_train]``, checked: as many as its rows, at least one,
+    each in ``[0, num_classes)``."""
+    train_labels = np.asarray(train_labels).astype(np.int64).reshape(-1)
+    if n_train != len(train_labels):
+        raise ValueError(f"train_features has {n_train} rows but train_labels has {len(train_labels)}")
+    if n_train == 0:
+        raise ValueError("kNN needs a non-empty memory bank; train_features has 0 rows")
+    if train_labels.min() < 0:
+        raise ValueError("kNN needs labelled training data; found labels < 0 (unlabelled)")
+    if train_labels.max() >= num_classes:
+        raise ValueError(f"train_labels must lie in [0, {num_classes}); found {train_labels.max()}")
+    return train_labels
+
+
 def knn_scorer(train_features, train_labels, num_classes, k=200, temperature=0.1, chunk_size=1024, device=False):
     """The weighted kNN classifier of a memory bank, as a function ``test_features -> scores
     [N_test, num_classes]``: the bank is checked, normalised (and moved to the device) once, so
@@ -47,15 +62,7 @@ def knn_scorer(train_features, train_labels, num_classes, k=200, temperature=0.1
     backend's device (the kNN monitor on a GPU); the votes are the same (ties aside).
     """
     train = l2_normalize(train_features)
-    train_labels = np.asarray(train_labels).astype(np.int64).reshape(-1)
-    if len(train) != len(train_labels):
-        raise ValueError(f"train_features has {len(train)} rows but train_labels has {len(train_labels)}")
-    if len(train) == 0:
-        raise ValueError("kNN needs a non-empty memory bank; train_features has 0 rows")
-    if train_labels.min() < 0:
-        raise ValueError("kNN needs labelled training data; found labels < 0 (unlabelled)")
-    if train_labels.max() >= num_classes:
-        raise ValueError(f"train_labels must lie in [0, {num_classes}); found {train_labels.max()}")
+    train_labels = _bank_labels(train_labels, len(train), num_classes)
     k = min(int(k), len(train))
     top_k = (_top_k_keras if device else _top_k_numpy)(train)
 
@@ -91,15 +98,8 @@ def knn_predict_tensors(train_features, train_labels, test_features, num_classes
     ``keras.ops`` and only the ``[N_test, num_classes]`` scores come back to the host. The last
     chunk is padded to ``chunk_size`` (one shape)."""
     from keras import ops
-    train_labels = np.asarray(train_labels).astype(np.int64).reshape(-1)
     n_train, n_test = int(train_features.shape[0]), int(test_features.shape[0])
-    if n_train != len(train_labels):
-        raise ValueError(f"train_features has {n_train} rows but train_labels has {len(train_labels)}")
-    if n_train == 0:
-        raise ValueError("kNN needs a non-empty memory bank; train_features has 0 rows")
-    if train_labels.min() < 0 or train_labels.max() >= num_classes:
-        raise ValueError(f"train_labels must lie in [0, {num_classes}); found range "
-                         f"[{train_labels.min()}, {train_labels.max()}]")
+    train_labels = _bank_labels(train_labels, n_train, num_classes)
 
     def normalize(x):
         x = ops.cast(ops.reshape(x, (int(x.shape[0]), -1)), "float32")
