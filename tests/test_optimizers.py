@@ -332,3 +332,45 @@ def test_fit_and_keras_save_load(tmp_path):
     loaded.train_on_batch(x[:8], y[:8])
     assert_close([to_numpy(v) for v in loaded.trainable_variables],
                  [to_numpy(v) for v in model.trainable_variables])
+
+
+# --- SGD: PyTorch's rule (decay in the gradient), not Keras's decoupled decay ----------------
+
+def sgd_reference(weights, grads_per_step, learning_rate, momentum, weight_decay, decay=None, nesterov=False):
+    """``torch.optim.SGD`` in float64 (dampening 0), in the ``v ← m·v + lr·g`` form (equal for a fixed lr)."""
+    return lars_reference(weights, grads_per_step, learning_rate, momentum, weight_decay, eta=1.0,
+                          nesterov=nesterov, decay=[True] * len(weights) if decay is None else decay,
+                          adapt=[False] * len(weights))
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_decays_in_the_gradient_every_parameter(nesterov):
+    from uniclr_tf.optimizers import SGD, build_optimizer
+    names, weights, grads = make_case()
+    hyper = dict(learning_rate=0.5, momentum=0.9, weight_decay=0.1)
+    opt = build_optimizer("sgd", hyper["learning_rate"], momentum=0.9, weight_decay=0.1, nesterov=nesterov)
+    assert type(opt) is SGD and opt.weight_decay is None  # no decoupled Keras decay on top
+    got, _ = run_tf(weights, grads, names, optimizer=opt)
+    assert_close(got, sgd_reference(weights, grads, **hyper, nesterov=nesterov))
+    # Keras's own SGD with the same coefficient (decoupled) lands far away: the test can tell.
+    keras_vars = [keras.Variable(w) for w in weights]
+    keras_sgd = keras.optimizers.SGD(hyper["learning_rate"], momentum=0.9, weight_decay=0.1, nesterov=nesterov)
+    for step in grads:
+        keras_sgd.apply([tf.constant(g) for g in step], keras_vars)
+    assert max(np.max(np.abs(a - to_numpy(b))) for a, b in zip(got, keras_vars)) > 1e-2
+
+
+def test_sgd_exclusions_and_config_round_trip():
+    from uniclr_tf.optimizers import SGD
+    names, weights, grads = make_case()
+    opt = SGD(0.5, momentum=0.9, weight_decay=0.1, exclude_from_weight_decay=["bn_"])
+    got, _ = run_tf(weights, grads, names, optimizer=opt)
+    assert_close(got, sgd_reference(weights, grads, 0.5, 0.9, 0.1, decay=[True, True, True, False]))
+    vectors_spared = SGD(0.5, weight_decay=0.1, exclude_vectors=True)
+    got, _ = run_tf(weights, grads, names, optimizer=vectors_spared)
+    assert_close(got, sgd_reference(weights, grads, 0.5, 0.9, 0.1, decay=[True, False, True, False]))
+    clone = SGD.from_config(opt.get_config())
+    assert type(clone) is SGD and not clone.trust_ratio and clone.lars_weight_decay == 0.1
+    assert clone.exclude_from_weight_decay_patterns == ("bn_",) and clone.name == "sgd"
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
+    assert type(restored) is SGD

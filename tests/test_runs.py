@@ -209,15 +209,24 @@ def test_build_optimizer_classes_and_lars_exclusions():
                      "linear_probe/kernel": (False, False), "linear_probe/bias": (False, False)}
     assert build_optimizer("lars", 0.1).get_config()["exclude_from_adaptation"] == []
 
-    sgd = build_optimizer("sgd", 0.1, momentum=0.9)
-    assert type(sgd) is keras.optimizers.SGD and sgd.momentum == 0.9 and sgd.weight_decay is None
-    assert build_optimizer("sgd", 0.1, weight_decay=5e-4).weight_decay == 5e-4
+    sgd = build_optimizer("sgd", 0.1, momentum=0.9, exclude_from_weight_decay=["linear_probe"])
+    assert type(sgd) is optimizers.SGD and sgd.momentum == 0.9 and sgd.weight_decay is None
+    assert build_optimizer("sgd", 0.1, weight_decay=5e-4).lars_weight_decay == 5e-4
+    sgd.build(model.trainable_variables)
+    assert {v.path: (sgd.uses_adaptation(v), sgd.uses_weight_decay(v)) for v in model.trainable_variables} == {
+        "backbone/kernel": (False, False), "backbone/bias": (False, False),
+        "linear_probe/kernel": (False, False), "linear_probe/bias": (False, False)}  # wd 0: nothing decays
+    decayed = build_optimizer("sgd", 0.1, weight_decay=5e-4, exclude_from_weight_decay=["linear_probe"])
+    decayed.build(model.trainable_variables)
+    assert [decayed.uses_weight_decay(v) for v in model.trainable_variables] == [True, True, False, False]
     assert not sgd.nesterov and not lars.nesterov
     assert build_optimizer("sgd", 0.1, nesterov=True).nesterov and build_optimizer("lars", 0.1, nesterov=True).nesterov
     adamw = build_optimizer("adamw", 1e-3, weight_decay=0.05)
     assert type(adamw) is keras.optimizers.AdamW and adamw.weight_decay == 0.05
-    with pytest.raises(ValueError, match="LARS options"):
-        build_optimizer("sgd", 0.1, exclude_from_weight_decay=["linear_probe"])
+    with pytest.raises(ValueError, match="LARS option"):
+        build_optimizer("sgd", 0.1, exclude_from_adaptation=["linear_probe"])
+    with pytest.raises(ValueError, match="LARS and SGD options"):
+        build_optimizer("adamw", 0.1, exclude_from_weight_decay=["linear_probe"])
     with pytest.raises(ValueError, match=r"one of \('lars', 'sgd', 'adamw'\)"):
         build_optimizer("adam", 0.1)
     assert optimizers.OPTIMIZER_NAMES == ("lars", "sgd", "adamw")

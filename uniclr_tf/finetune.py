@@ -74,7 +74,7 @@ def finetune(encoder, info, epochs: int = 30, batch_size: int = 256, learning_ra
       epochs, batch_size: training length (epochs over the labelled subset) and batch.
       learning_rate: the rate for a batch of 256; the peak is ``batch_size / 256 · learning_rate``,
         decayed to 0 by a cosine over ``epochs`` (no warm-up).
-      momentum, nesterov, weight_decay: of the SGD optimizer (Keras' decoupled decay; 0: none).
+      momentum, nesterov, weight_decay: of the SGD optimizer (decay in the gradient, as PyTorch; 0: none).
       augment: random resized crop of area ``crop_scale`` + horizontal flip on the training images;
         False trains on the plain images.
       label_fraction: train on this class-balanced share of the training split

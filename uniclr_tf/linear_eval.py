@@ -300,7 +300,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
       epochs, batch_size: training length and batch.
       learning_rate: the rate for a batch of 256; the peak is ``batch_size / 256 · learning_rate``,
         decayed to 0 by a cosine over ``epochs`` (no warm-up).
-      momentum, weight_decay, optimizer: ``"sgd"`` (paper; Keras' decoupled decay) or ``"lars"``
+      momentum, weight_decay, optimizer: ``"sgd"`` (paper; decay in the gradient, as PyTorch) or ``"lars"``
         (paper, ImageNet-1K; decay added to the gradient, bias excluded).
       augment: random resized crop (area 0.08–1) + horizontal flip on the training images, the
         backbone run every step; False trains on features of the plain images, computed once.

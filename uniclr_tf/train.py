@@ -167,9 +167,10 @@ def build_optimizer(cfg, steps_per_epoch):
     schedule = WarmupCosine(cfg.base_learning_rate, cfg.batch_size, total_steps=cfg.epochs * steps_per_epoch,
                             warmup_steps=int(round(cfg.warmup_epochs * steps_per_epoch)))
     # The online probe is a plain linear classifier: no trust ratio, no decay (as solo-learn).
-    probe = ["linear_probe"] if cfg.optimizer == "lars" else ()
+    probe = ["linear_probe"] if cfg.optimizer in ("lars", "sgd") else ()
     return make_optimizer(cfg.optimizer, schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                          exclude_from_adaptation=probe, exclude_from_weight_decay=probe)
+                          exclude_from_adaptation=probe if cfg.optimizer == "lars" else (),
+                          exclude_from_weight_decay=probe)
 
 
 def run_path(cfg):
