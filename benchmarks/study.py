@@ -1,0 +1,261 @@
+r"""A study: many runs of the train CLI from one plan file, one run per GPU at a time, resumable.
+
+    python benchmarks/study.py --plan=benchmarks/study/recipe.plan --out=OUT [--gpus=0,1,2,3]
+        [--runs_dir=/tmp/uniclr-study] [--time_limit=540] [--only=NAME,...] [--linear_eval="--augment_on=device"]
+    python benchmarks/study.py --plan=... --out=OUT --summary_only      # the table of what OUT holds
+
+The plan is a text file, one run per line: a name, then the train flags of that run. ``common:``
+lines give flags every run of the plan takes. ``#`` starts a comment; a line ending in ``\``
+continues on the next::
+
+    common: --augment_on=device --epochs=100 --knn_every=10
+    sgd-t0.2   --flagfile=configs/simaffinity.flags --optimizer=sgd --temperature=0.2
+
+Each run is ``python -m uniclr_tf.train RUN_FLAGFILES COMMON RUN_FLAGS --run_dir=RUNS_DIR
+--run_name=NAME --verbose=2 --nopictures`` (later flags win: a run's ``--flagfile=`` goes first, so
+the common flags override the flagfile, and the run's other flags override both), in its own process, with ``CUDA_VISIBLE_DEVICES`` set to one of ``--gpus`` (``cpu``:
+no GPU). As many runs go at once as GPUs are named. The train CLI itself makes the study resumable:
+a run folder that exists continues from its last backup, a finished one exits at once, and a folder
+whose flags differ is refused (its error ends in the run's log). So rerunning the same command
+after a time limit or a kill continues every unfinished run, on the same machine (``--runs_dir`` must
+survive; a GPU job's /tmp does not survive the machine, but does survive between calls while it is
+held). At ``--time_limit`` seconds, no new run starts after the limit minus ``--min_start``, and
+those still running get SIGTERM: they save a backup at the next step and exit, resumable.
+
+After a run ends well, ``--linear_eval FLAGS`` runs ``python -m uniclr_tf.linear_eval
+--run_dir=RUN FLAGS`` on the same GPU (``--augment_on=device`` on a machine without TensorFlow).
+
+``OUT/NAME/`` gets a copy of the run's small files (history.json, metrics.json, flags.txt,
+linear_eval.json) and its logs; ``OUT/summary.json`` and ``OUT/summary.md`` the table: kNN top-1 at
+epochs 25/50/100/200 (from the kNN monitor), the final kNN, the linear top-1, the embedding std at
+the end, wall-clock and training images/s (epochs 2.., kNN excluded), for every run the plan names.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COPIED = ("history.json", "metrics.json", "flags.txt", "linear_eval.json", "config.json")
+EPOCH_MARKS = (10, 25, 50, 100, 200)
+
+
+def read_plan(path):
+    """``(common_flags, [(name, flags), ...])`` from a plan file."""
+    common, runs, names = [], [], set()
+    with open(path) as f:
+        text = f.read().replace("\\\n", " ")
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("common:"):
+            common += shlex.split(line[len("common:"):])
+            continue
+        name, *flags = shlex.split(line)
+        if name in names or not all(c.isalnum() or c in "-_." for c in name):
+            raise SystemExit(f"{path}:{number}: run name {name!r} repeated or not of [A-Za-z0-9-_.]")
+        names.add(name)
+        runs.append((name, flags))
+    if not runs:
+        raise SystemExit(f"{path}: no run in the plan")
+    return common, runs
+
+
+def _history(folder):
+    try:
+        with open(os.path.join(folder, "history.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return []
+
+
+def _json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _flag(flags, name, default=None):
+    value = default
+    for flag in flags:
+        if flag.startswith(f"--{name}="):
+            value = flag.split("=", 1)[1]
+    return value
+
+
+def summarise(out, runs):
+    """One row per run of the plan from what ``out/NAME/`` holds."""
+    rows = []
+    for name, flags in runs:
+        folder = os.path.join(out, name)
+        history = _history(folder)
+        metrics = _json(os.path.join(folder, "metrics.json")) or {}
+        linear = _json(os.path.join(folder, "linear_eval.json")) or {}
+        knn = {int(e["epoch"]): e["knn_top1"] for e in history if "knn_top1" in e}
+        exits = _json(os.path.join(folder, "exits.json")) or {}
+        status = metrics.get("status") or ("stopped" if history else "not started")
+        failed = {phase: code for phase, code in exits.items() if code not in (0, None)}
+        if failed:
+            status = ", ".join(f"{phase} exit {code}" for phase, code in failed.items())
+        row = {"name": name, "flags": " ".join(flags), "epochs_done": len(history), "status": status}
+        for mark in EPOCH_MARKS:
+            row[f"knn@{mark}"] = knn.get(mark)
+        row["knn_final"] = metrics.get("knn_top1")
+        row["raw_pixel_knn"] = metrics.get("raw_pixel_knn_top1")
+        sections = [v for k, v in linear.items() if k.startswith("linear[") and isinstance(v, dict)]
+        row["linear_top1"] = sections[0].get("top1") if sections else None
+        row["embedding_std_final"] = history[-1].get("embedding_std") if history else None
+        row["wall_seconds"] = round(history[-1]["wall_seconds"], 1) if history and "wall_seconds" in history[-1] else None
+        later = history[1:]
+        steps = metrics.get("steps", 0) / max(len(history), 1)
+        batch = int(_flag(flags, "batch_size", 0) or (_json(os.path.join(folder, "config.json")) or {}).get("batch_size", 0))
+        seconds = sum(e.get("step_seconds", 0.0) for e in later)
+        row["images_per_second"] = round(len(later) * steps * batch / seconds) if seconds and batch else None
+        rows.append(row)
+    return rows
+
+
+def markdown(rows):
+    cols = ["name", "epochs_done"] + [f"knn@{m}" for m in EPOCH_MARKS] + [
+        "knn_final", "linear_top1", "embedding_std_final", "wall_seconds", "images_per_second", "status"]
+    fmt = lambda v: "" if v is None else (f"{v:.4f}" if isinstance(v, float) and v < 1.5 else str(v))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def collect(run_folder, out_folder):
+    os.makedirs(out_folder, exist_ok=True)
+    for name in COPIED:
+        source = os.path.join(run_folder, name)
+        if os.path.exists(source):
+            shutil.copyfile(source, os.path.join(out_folder, name))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plan", required=True)
+    parser.add_argument("--out", required=True, help="results folder (copies, logs, summary)")
+    parser.add_argument("--gpus", default="", help="comma-separated GPU ids, or 'cpu'; default: every GPU nvidia-smi lists")
+    parser.add_argument("--runs_dir", default="/tmp/uniclr-study")
+    parser.add_argument("--time_limit", type=float, default=0.0, help="seconds (0: none)")
+    parser.add_argument("--min_start", type=float, default=60.0,
+                        help="no run starts later than time_limit minus this many seconds")
+    parser.add_argument("--only", default="", help="comma-separated run names")
+    parser.add_argument("--linear_eval", default=None, help="flags of a linear evaluation after each run")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--summary_only", action="store_true")
+    parser.add_argument("--dry_run", action="store_true", help="print the commands only")
+    args = parser.parse_args(argv)
+
+    common, runs = read_plan(args.plan)
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = sorted(set(wanted) - {n for n, _ in runs})
+        if unknown:
+            raise SystemExit(f"--only: not in {args.plan}: {', '.join(unknown)}")
+        runs = [r for r in runs if r[0] in wanted]
+    os.makedirs(args.out, exist_ok=True)
+    if not args.summary_only:
+        run_all(args, common, runs)
+    rows = summarise(args.out, runs)
+    table = markdown(rows)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"plan": os.path.relpath(args.plan, ROOT), "common": common, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(table + "\n")
+    print(table, flush=True)
+
+
+def _gpus(spec):
+    if spec:
+        return spec.split(",")
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True).stdout
+        count = sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+    except (OSError, subprocess.CalledProcessError):
+        count = 0
+    return [str(i) for i in range(count)] or ["cpu"]
+
+
+def run_all(args, common, runs):
+    start = time.time()
+    deadline = start + args.time_limit if args.time_limit else None
+    queue = list(runs)
+    free, busy = _gpus(args.gpus), {}  # busy: gpu -> (name, process, phase, log file)
+
+    def launch(gpu, name, phase, command):
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = "" if gpu == "cpu" else gpu
+        folder = os.path.join(args.out, name)
+        os.makedirs(folder, exist_ok=True)
+        log = open(os.path.join(folder, f"{phase}.log"), "a")
+        log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} gpu {gpu}: {shlex.join(command)}\n")
+        log.flush()
+        print(f"[{time.time() - start:6.0f}s] gpu {gpu}: {phase} {name}", flush=True)
+        if args.dry_run:
+            print("   ", shlex.join(command))
+            free.append(gpu)
+            return
+        busy[gpu] = (name, subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
+                     phase, log)
+
+    def train_command(name, flags):
+        flagfiles = [f for f in flags if f.startswith("--flagfile=")]
+        own = [f for f in flags if not f.startswith("--flagfile=")]
+        return [args.python, "-m", "uniclr_tf.train", *flagfiles, *common, *own, f"--run_dir={args.runs_dir}",
+                f"--run_name={name}", "--verbose=2", "--nopictures"]
+
+    stopping = False
+    while queue or busy:
+        now = time.time()
+        if deadline and not stopping and now >= deadline:
+            stopping = True
+            for name, process, phase, _ in busy.values():
+                print(f"[{now - start:6.0f}s] time limit: SIGTERM to {phase} {name}", flush=True)
+                process.send_signal(signal.SIGTERM)
+        can_start = not stopping and (deadline is None or now < deadline - args.min_start)
+        while free and queue and can_start:
+            name, flags = queue.pop(0)
+            launch(free.pop(0), name, "train", train_command(name, flags))
+        for gpu, (name, process, phase, log) in list(busy.items()):
+            code = process.poll()
+            if code is None:
+                if stopping and time.time() > deadline + 90:
+                    process.kill()
+                continue
+            log.close()
+            del busy[gpu]
+            run_folder = os.path.join(args.runs_dir, name)
+            collect(run_folder, os.path.join(args.out, name))
+            exits_path = os.path.join(args.out, name, "exits.json")
+            with open(exits_path, "w") as f:
+                json.dump({**(_json(exits_path) or {}), phase: code}, f)
+            print(f"[{time.time() - start:6.0f}s] gpu {gpu}: {phase} {name} exit {code}", flush=True)
+            if phase == "train" and code == 0 and args.linear_eval is not None and not stopping:
+                done = _json(os.path.join(run_folder, "linear_eval.json"))
+                if not done:
+                    launch(gpu, name, "linear_eval", [args.python, "-m", "uniclr_tf.linear_eval",
+                                                      f"--run_dir={run_folder}", *shlex.split(args.linear_eval)])
+                    continue
+            free.append(gpu)
+        if not can_start and not busy:
+            break
+        if busy:
+            time.sleep(2)
+    if queue:
+        print(f"not started (time limit): {', '.join(n for n, _ in queue)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
