@@ -1,6 +1,7 @@
 """Linear evaluation and kNN of a real (tiny) pretraining run folder on a Fashion-MNIST slice, on
 another dataset (transfer to a synthetic folder of PNGs) and on a labelled subset (semi-supervised),
-and the subset rule itself (:mod:`uniclr_tf.protocols`) against a NumPy reference."""
+the subset rule itself (:mod:`uniclr_tf.protocols`) against a NumPy reference, and the training
+augmentation on the device (``--augment_on=device``; also under JAX with TensorFlow unimportable)."""
 
 import json
 import os
@@ -13,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.conftest import REPO_ROOT, write_stripes_folder
+from tests.conftest import REPO_ROOT, run_python_snippet, write_stripes_folder
 
 from uniclr_tf import linear_eval as le
 from uniclr_tf import protocols
@@ -170,6 +171,168 @@ def test_backbone_is_frozen_during_augmented_linear_eval(loaded):
     assert encoder.trainable  # restored
     assert result["settings"]["steps"] == 4 and np.isfinite(result["train_loss"])
     assert 0.0 <= result["top1"] <= result["top5"] <= 1.0
+
+
+# --- augmentation on the device (--augment_on=device) --------------------------------------------
+
+#: Prepended to a subprocess's code: TensorFlow (and what needs it) cannot be imported, as on the
+#: JAX-only GPU machines (tests/test_train_cli.py does the same for train).
+NO_TENSORFLOW = r"""
+import importlib.abc, sys
+
+class NoTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorflow_datasets", "tensorboard"):
+            raise ModuleNotFoundError("No module named " + name)
+
+sys.meta_path.insert(0, NoTensorFlow())
+"""
+
+LN4 = float(np.log(4.0))  # the loss of a near-zero head (N(0, 0.01²) weights) on 4 classes
+
+
+def check_device_result(result, backend, epochs, steps_per_epoch):
+    """A trained device-augmented result: recorded as such, the host path's step count, and a head
+    that learned (the last epoch's loss well under ln 4, its running top-1 above the chance 0.25)."""
+    settings = result["settings"]
+    assert settings["augment"] is True and settings["augment_on"] == "device", settings
+    assert settings["crop_scale"] == list(le.CROP_SCALE) and settings["backend"] == backend
+    assert settings["steps"] == epochs * steps_per_epoch, settings
+    assert np.isfinite(result["train_loss"]) and result["train_loss"] < 0.8 * LN4, result
+    assert result["train_top1"] > 0.4, result
+    assert 0.0 <= result["top1"] <= result["top5"] <= 1.0
+
+
+def test_device_augmentation_trains_with_the_host_paths_steps(run_dir, loaded, stripes_folder):
+    cfg = parse_cli(f"--run_dir={run_dir}", "--augment_on=device")
+    assert cfg.augment and cfg.augment_on == "device"
+    assert parse_cli(f"--run_dir={run_dir}").augment_on == "host"  # the default
+    with pytest.raises(ValueError, match="--augment_on"):
+        le.LinearEvalConfig(run_dir=str(run_dir), augment_on="gpu")
+    # 400 easy 4-class images (32x32 resized to the encoder's 28x28), batch 64: 6 steps an epoch by
+    # the host rule (full batches, across epochs), not the 7 of Keras's own array batching.
+    info = le.load_run_data(le.check_run_dir(str(run_dir)), dataset=f"folder:{stripes_folder}")
+    encoder = loaded.encoder
+    before = [np.array(w) for w in encoder.weights]
+    result = le.linear_eval(encoder, info, epochs=3, batch_size=64, learning_rate=1.0, augment_on="device",
+                            mean=loaded.mean, std=loaded.std, verbose=0)
+    check_device_result(result, "tensorflow", epochs=3, steps_per_epoch=6)
+    assert all(np.array_equal(a, np.array(b)) for a, b in zip(before, encoder.weights))  # frozen
+    assert encoder.trainable
+    plain = le.linear_eval(encoder, info, epochs=1, batch_size=64, augment=False, augment_on="device",
+                           mean=loaded.mean, std=loaded.std, verbose=0)  # --noaugment ignores it
+    assert plain["settings"]["augment_on"] is None and plain["settings"]["steps"] == 7  # ceil(400 / 64)
+
+
+def test_device_augmentation_refuses_a_streamed_split(loaded, stripes_folder):
+    from uniclr_tf import data
+    info = data.load_dataset(f"folder:{stripes_folder}", max_in_memory_mb=0)
+    assert not info.split("train").in_memory
+    with pytest.raises(data.DataError, match="^--augment_on=device needs the training split in memory") as error:
+        le.linear_eval(loaded.encoder, info, epochs=1, batch_size=64, augment_on="device", verbose=0)
+    assert "--augment_on=host" in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.fixture(scope="module")
+def stripes28(tmp_path_factory):
+    """Stripes at the encoder's own 28x28: a transfer that needs no resizing (which needs TensorFlow)."""
+    return write_stripes_folder(tmp_path_factory.mktemp("stripes28"), 100, 50, size=28)
+
+
+@pytest.fixture(scope="module")
+def jax_without_tensorflow(run_dir, stripes28, tmp_path_factory):
+    """ONE JAX subprocess in which TensorFlow cannot be imported (as on the GPU machines; starting
+    JAX and loading the encoder there cost ~15 s): the device-augmented and the ``--noaugment``
+    linear evaluations through ``run``, then :func:`repeated_batch_losses` and its control."""
+    out = tmp_path_factory.mktemp("jax") / "out.json"
+    code = NO_TENSORFLOW + f"""
+import json
+import numpy as np
+from tests.test_linear_eval import repeated_batch_losses
+from uniclr_tf import linear_eval as le
+runs = {{}}
+for name, extra in (("device", dict(augment_on="device")), ("noaugment", dict(augment=False))):
+    cfg = le.LinearEvalConfig(run_dir={str(run_dir)!r}, dataset={f"folder:{stripes28}"!r}, epochs=3,
+                              batch_size=64, learning_rate=1.0, out={str(out)!r}, **extra)
+    runs[name] = le.run(cfg)
+run = le.load_run({str(run_dir)!r})
+train = le.load_run_data(run, dataset={f"folder:{stripes28}"!r}).split("train")
+every = np.arange(64) * 6  # 64 of the 400, all 4 classes
+args = (run.encoder, train.images[every], train.labels[every], run.mean, run.std)
+losses, control = repeated_batch_losses(*args), repeated_batch_losses(*args, on_device=False)
+assert "tensorflow" not in sys.modules
+print(json.dumps(dict(runs=runs, losses=losses, control=control)))
+"""
+    return dict(run_python_snippet(code, backend="jax"), out=out)
+
+
+def test_device_augmentation_under_jax_without_tensorflow(jax_without_tensorflow, stripes28):
+    runs = jax_without_tensorflow["runs"]
+    check_device_result(runs["device"], "jax", epochs=3, steps_per_epoch=6)
+    plain = runs["noaugment"]  # --noaugment (default --augment_on=host) needs no TensorFlow either
+    assert plain["settings"]["augment"] is False and plain["settings"]["backend"] == "jax"
+    assert plain["top1"] > 0.9, plain  # precomputed features of the plain stripes: easy
+    written = json.loads(jax_without_tensorflow["out"].read_text())[f"linear[folder:{stripes28}, labels=100%]"]
+    assert written["settings"]["augment"] is False  # the last one run replaced the device section
+
+
+def repeated_batch_losses(encoder, images, labels, mean, std, on_device=True):
+    """The device model (``augmented_model`` + ``train_augmenter``, as ``linear_eval`` builds it) fed
+    ONE batch again and again, with a learning rate of 0: only the augmentation can change the
+    loss. Returns the running loss after each of 2 steps of 3 epochs, and each epoch's loss.
+    ``on_device=False``: the control, the plain normalised batch and no augmenter."""
+    head = keras.Sequential([keras.Input(encoder.output_shape[1:]),
+                             keras.layers.Dense(4, kernel_initializer=keras.initializers.RandomNormal(1.0, seed=0))])
+    if on_device:
+        augmenter = le.train_augmenter(images.shape[1:3], mean, std, seed=0)
+        model, x = le.augmented_model(encoder, head, images.shape[1:], augmenter), images
+    else:
+        model = le.augmented_model(encoder, head, images.shape[1:])
+        x = ((images / 255.0 - np.asarray(mean)) / np.asarray(std)).astype("float32")
+    model.compile(optimizer=keras.optimizers.SGD(0.0),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    steps = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: steps.append(float(logs["loss"])))
+    same_batch = ((x, labels) for _ in iter(int, 1))  # endless; a generator, as fit takes
+    history = model.fit(same_batch, steps_per_epoch=2, epochs=3, verbose=0, callbacks=[record])
+    return steps, [float(v) for v in history.history["loss"]]
+
+
+def check_crops_change(losses, control):
+    steps, epochs = losses
+    assert len(steps) == 6 and len(epochs) == 3
+    # A step's running loss equals the previous one only if it drew the same crops and flips.
+    assert all(abs(a - b) > 1e-5 for a, b in zip(steps, steps[1:])), steps
+    assert min(abs(a - b) for i, a in enumerate(epochs) for b in epochs[i + 1:]) > 1e-5, epochs
+    assert max(control[0]) - min(control[0]) < 1e-5, control  # the harness: nothing random, no change
+
+
+def test_device_augmenter_draws_new_crops_every_step(loaded, run_dir, stripes28, jax_without_tensorflow):
+    """The augmenter's random state advances between compiled steps and epochs: the TF step's
+    tf.random.Generator (here) and the Keras SeedGenerator threaded through the jitted JAX step
+    (the subprocess without TensorFlow)."""
+    train = le.load_run_data(le.check_run_dir(str(run_dir)), dataset=f"folder:{stripes28}").split("train")
+    every = np.arange(64) * 6  # 64 of the 400, all 4 classes
+    args = (loaded.encoder, train.images[every], train.labels[every], loaded.mean, loaded.std)
+    check_crops_change(repeated_batch_losses(*args), repeated_batch_losses(*args, on_device=False))
+    check_crops_change(jax_without_tensorflow["losses"], jax_without_tensorflow["control"])
+
+
+def test_host_augmentation_without_tensorflow_is_one_line_naming_device(run_dir, tmp_path):
+    out = tmp_path / "never.json"
+    code = NO_TENSORFLOW + f"""
+sys.argv = ["linear_eval", "--run_dir={run_dir}", "--epochs=1", "--out={out}"]
+from uniclr_tf import linear_eval
+linear_eval.entry_point()
+"""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO_ROOT), KERAS_BACKEND="jax")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = last_line(proc.stderr)
+    assert line.startswith("error: --augment_on=host ") and "TensorFlow is not installed" in line, line
+    assert "use --augment_on=device" in line
+    assert proc.stdout == "" and not out.exists()  # before any work: no data loaded, nothing written
 
 
 # --- the labelled subset (semi-supervised protocol) --------------------------------------------

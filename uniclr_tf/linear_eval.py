@@ -3,6 +3,7 @@ r"""Linear evaluation (and weighted kNN) of a pretrained backbone, on any datase
     python -m uniclr_tf.linear_eval --run_dir=runs/demo [--noaugment] [--knn] [--flag=value ...]
     python -m uniclr_tf.linear_eval --run_dir=runs/demo --dataset=tfds:cifar10       # transfer
     python -m uniclr_tf.linear_eval --run_dir=runs/demo --label_fraction=0.01 --seed=0  # semi-supervised
+    KERAS_BACKEND=jax python -m uniclr_tf.linear_eval --run_dir=runs/demo --augment_on=device  # no TensorFlow
 
 The protocol is the UniCLR paper's (its §4.1, the usual SimCLR/MoCo protocol): the backbone is
 frozen (inference-mode batch norm, no gradient reaches it) and a single linear layer is trained on
@@ -14,7 +15,19 @@ training images are augmented with a random resized crop (area 0.08–1) and a h
 ``--noaugment`` trains on the plain images instead, whose features are then computed ONCE (much
 faster, on a CPU by orders of magnitude). The test split is always read with ``EvalPreprocess``.
 Top-1 and top-5 are those of the FINAL epoch (nothing is selected on the test split); per-epoch
-test accuracies are only monitored (TensorBoard ``RUN/linear_eval_tb``).
+test accuracies are only monitored (TensorBoard ``RUN/linear_eval_tb``, written where TensorFlow is
+installed).
+
+Where the augmentation runs: ``--augment_on=host`` (the default) augments in tf.data, which needs
+TensorFlow; ``--augment_on=device`` (the JAX-only GPU machines, which have no TensorFlow) feeds the
+training split's uint8 images and labels to ``fit`` from NumPy (:func:`device_batches`) and runs the
+same augmenter (:func:`train_augmenter`, seeded by ``--seed``) inside the compiled step, before the
+frozen backbone (:func:`augmented_model`). Both take ``max(N // batch, 1)`` full batches an epoch
+(the passes over the split concatenated), so the steps, schedule and initialisation are the same;
+the augmenter's random state advances every step on both backends. ``device`` needs the training
+split in memory (a streamed one stops with one ``error: --augment_on=device ...`` line); without
+TensorFlow, ``host`` stops before any work with one line suggesting ``--augment_on=device``.
+``--noaugment`` needs neither (and ignores ``--augment_on``).
 
 ``--knn`` runs the weighted kNN classifier instead (``uniclr_tf.evaluation.knn_eval``, the one the
 training monitor uses; k=200, T=0.1: ℓ2-normalised backbone features, training split as the
@@ -66,6 +79,7 @@ from typing import Optional
 import numpy as np
 
 from uniclr_tf import protocols, runs
+from uniclr_tf.config import AUGMENT_ON
 from uniclr_tf.evaluation import extract_features
 from uniclr_tf.knn import topk_accuracy
 from uniclr_tf.runs import RunFolderError
@@ -287,10 +301,77 @@ def _test_monitor(head, test_features, test_labels):
     return TestMonitor()
 
 
+def check_augment_on(augment: bool, augment_on: str, info=None):
+    """Raises ``ValueError`` (one line naming ``--augment_on``) unless augmented training can run
+    here: ``augment_on`` is one of :data:`AUGMENT_ON`; ``"host"`` (tf.data) needs TensorFlow; with
+    ``info``, ``"device"`` needs the training split in memory (a ``DataError`` otherwise). Nothing
+    is checked with ``augment=False`` (precomputed features need neither)."""
+    from uniclr_tf import data
+
+    if augment_on not in AUGMENT_ON:
+        raise ValueError(f"--augment_on: expected one of {AUGMENT_ON}; received {augment_on!r}")
+    if not augment:
+        return
+    if augment_on == "host" and not data.have_tensorflow():
+        raise ValueError("--augment_on=host augments the training images in tf.data, and TensorFlow is not "
+                         "installed here; use --augment_on=device (or --noaugment)")
+    if augment_on == "device" and info is not None and not info.split("train").in_memory:
+        raise data.DataError(f"--augment_on=device needs the training split in memory, and that of "
+                             f"{info.spec or info.name} ({info.num_train} images) streams from disk (tfds:, "
+                             f"tfrecord:, a folder: over max_in_memory_mb); use --augment_on=host (tf.data)")
+
+
+def train_augmenter(image_shape, mean, std, seed):
+    """The training augmentation of the protocol, the same layer on the host and on the device: one
+    view, random resized crop (area :data:`CROP_SCALE`, at the input size) + horizontal flip, then
+    normalisation with ``mean``/``std``; no photometric change."""
+    from uniclr_tf.augment import ViewAugmenter
+
+    height, width = int(image_shape[0]), int(image_shape[1])
+    return ViewAugmenter(global_size=(height, width), num_global=1, global_scale=CROP_SCALE,
+                         jitter_rate=0.0, grayscale_rate=0.0, blur_rate=0.0, solarize_rate=0.0,
+                         mean=mean, std=std, seed=seed)
+
+
+def augmented_model(encoder, head, image_shape, augmenter=None):
+    """The model ``fit`` trains with augmentation: the frozen ``encoder`` (inference mode) then
+    ``head``. With ``augmenter`` (``--augment_on=device``) it takes the raw uint8 batch and runs the
+    augmenter first, inside the compiled step (its random state advances every step: a Keras
+    ``SeedGenerator`` threaded through the JAX step, a ``tf.random.Generator`` on TensorFlow);
+    without, it takes the batch augmented (and normalised) by tf.data."""
+    import keras
+
+    if augmenter is None:
+        inputs = keras.Input(tuple(image_shape), name="images")
+        x = inputs
+    else:
+        inputs = keras.Input(tuple(image_shape), dtype="uint8", name="images")
+        x = augmenter(inputs)[0]
+    return keras.Model(inputs, head(encoder(x, training=False)), name="linear_eval")
+
+
+def device_batches(images, labels, batch_size: int, seed: int):
+    """Endless ``(uint8 images, labels)`` batches of in-memory arrays, without tf.data, in the order
+    rule of the host path's ``pretrain_dataset(shuffle=True, repeat=True)``: a new permutation of
+    the split every pass (``numpy.random.default_rng(seed)``), the passes concatenated, cut into
+    full batches (across pass boundaries, so a split smaller than the batch still works)."""
+    n = len(images)
+    if n == 0:
+        raise ValueError("device_batches: the split is empty")
+    rng = np.random.default_rng(seed)
+    order = np.zeros((0,), np.int64)
+    while True:
+        while len(order) < batch_size:
+            order = np.concatenate([order, rng.permutation(n)])
+        idx, order = order[:batch_size], order[batch_size:]
+        yield images[idx], labels[idx]
+
+
 def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learning_rate: float = 30.0,
                 momentum: float = 0.9, weight_decay: float = 0.0, optimizer: str = "sgd",
                 augment: bool = True, mean=None, std=None, seed: int = 0, tb_dir: Optional[str] = None,
-                feature_batch_size: int = 512, verbose=1, label_fraction: float = 1.0) -> dict:
+                feature_batch_size: int = 512, verbose=1, label_fraction: float = 1.0,
+                augment_on: str = "host") -> dict:
     """Trains a linear classifier on the frozen ``encoder``; returns test top-1/top-5 and settings.
 
     Args:
@@ -312,6 +393,11 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
       verbose: Keras ``fit`` verbosity (1: progress bar).
       label_fraction: train on this class-balanced share of the training split
         (:func:`uniclr_tf.protocols.labelled_subset`; 1: all of it).
+      augment_on: where the augmentation runs. ``"host"``: in tf.data (needs TensorFlow).
+        ``"device"``: inside the compiled train step, on uint8 batches of the in-memory training
+        split fed to ``fit`` from NumPy (:func:`device_batches`; no TensorFlow needed, e.g. Keras
+        on JAX); the same augmenter (:func:`train_augmenter`), steps, schedule and initialisation.
+        Ignored with ``augment=False``.
 
     Returns:
       ``{"top1", "top5", "train_loss", "train_top1", "settings": {...}}``; accuracies are
@@ -321,12 +407,13 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
     import keras
 
     from uniclr_tf import data
-    from uniclr_tf.augment import EvalPreprocess, ViewAugmenter
+    from uniclr_tf.augment import EvalPreprocess
 
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1; received {epochs}, {batch_size}")
     if not info.num_classes:
         raise RunError(f"{info.spec or info.name}: unlabelled dataset; linear evaluation needs labels")
+    check_augment_on(augment, augment_on, info)  # before any work
     start = time.time()
     keras.utils.set_random_seed(seed)
     mean = tuple(info.mean if mean is None else mean)
@@ -351,14 +438,16 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
             if info.split("train").in_memory:  # streamed splits are checked by the loss instead
                 check_labels(info.split("train").labels, num_classes, "train")
             steps_per_epoch = max(num_train // batch_size, 1)
-            augmenter = ViewAugmenter(global_size=(height, width), num_global=1, global_scale=CROP_SCALE,
-                                      jitter_rate=0.0, grayscale_rate=0.0, blur_rate=0.0, solarize_rate=0.0,
-                                      mean=mean, std=std, seed=seed)
-            train_ds = data.pretrain_dataset(info, batch_size, lambda x: augmenter(x)[0], shuffle=True, seed=seed,
-                                             repeat=True, with_labels=True)
-            inputs = keras.Input((height, width, channels), name="images")
-            model = keras.Model(inputs, head(encoder(inputs, training=False)), name="linear_eval")
-            fit_args = dict(x=train_ds, steps_per_epoch=steps_per_epoch)
+            augmenter = train_augmenter((height, width), mean, std, seed)
+            if augment_on == "device":  # uint8 batches from NumPy, augmented inside the compiled step
+                train = info.split("train")
+                model = augmented_model(encoder, head, (height, width, channels), augmenter)
+                train_data = device_batches(train.images, train.labels, batch_size, seed)
+            else:  # augmented (and normalised) in tf.data
+                model = augmented_model(encoder, head, (height, width, channels))
+                train_data = data.pretrain_dataset(info, batch_size, lambda x: augmenter(x)[0], shuffle=True,
+                                                   seed=seed, repeat=True, with_labels=True)
+            fit_args = dict(x=train_data, steps_per_epoch=steps_per_epoch)
         else:
             train_x, train_y = _split_features(encoder, preprocess, info, "train", feature_batch_size)
             check_labels(train_y, num_classes, "train")
@@ -370,7 +459,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1")])
         callbacks = [_test_monitor(head, test_x, test_y)]
-        if tb_dir:
+        if tb_dir and data.have_tensorflow():  # Keras's TensorBoard callback writes through tf.summary
             callbacks.append(keras.callbacks.TensorBoard(tb_dir, update_freq="epoch"))
         history = model.fit(epochs=epochs, callbacks=callbacks, verbose=verbose, **fit_args)
     finally:
@@ -388,6 +477,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
             "peak_learning_rate": batch_size / 256 * float(learning_rate),
             "schedule": "cosine", "momentum": float(momentum), "weight_decay": float(weight_decay),
             "augment": bool(augment), "crop_scale": list(CROP_SCALE) if augment else None,
+            "augment_on": augment_on if augment else None,
             "seed": int(seed), "num_train": int(num_train), "num_test": int(len(test_y)),
             "feature_dim": int(feature_dim), "num_classes": num_classes,
             "steps": int(epochs * steps_per_epoch), "backend": keras.backend.backend(),
@@ -465,6 +555,7 @@ class LinearEvalConfig:
     weight_decay: float = 0.0
     optimizer: str = "sgd"
     augment: bool = True
+    augment_on: str = "host"
     knn: bool = False
     knn_k: int = 200
     knn_temperature: float = 0.1
@@ -473,6 +564,7 @@ class LinearEvalConfig:
     def __post_init__(self):
         check = check_common_fields(self)
         check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
+        check(self.augment_on in AUGMENT_ON, "augment_on", f"one of {AUGMENT_ON}")
         check(self.knn_k >= 1, "knn_k", "an integer >= 1")
         check(self.knn_temperature > 0, "knn_temperature", "a number > 0")
 
@@ -485,7 +577,10 @@ def run(cfg: LinearEvalConfig) -> dict:
     """Runs the evaluation ``cfg`` describes, merges its section into the results JSON, prints the
     one-line result. The data is loaded (and checked) before the encoder."""
     folder = check_run_dir(cfg.run_dir)  # before the slow imports: a typo fails at once
+    linear = not cfg.knn
+    check_augment_on(linear and cfg.augment, cfg.augment_on)  # TensorFlow for --augment_on=host
     info = load_run_data(folder, cfg.max_examples or None, cfg.dataset, cfg.data_dir)
+    check_augment_on(linear and cfg.augment, cfg.augment_on, info)  # an in-memory split for device
     run_ = load_run(cfg.run_dir, require_labels=False)  # the labels that matter are the data's, checked above
     spec = info.spec or info.name
     key = protocols.section_key("knn" if cfg.knn else "linear", spec, cfg.label_fraction, cfg.seed)
@@ -496,11 +591,12 @@ def run(cfg: LinearEvalConfig) -> dict:
     else:
         print(f"{key} of {cfg.run_dir}: {info.num_train} training / {info.num_test} test images "
               f"{tuple(info.image_shape)}, {cfg.epochs} epochs, batch {cfg.batch_size}, "
-              f"{'augmented' if cfg.augment else 'precomputed features'}")
+              f"{f'augmented on the {cfg.augment_on}' if cfg.augment else 'precomputed features'}")
         result = linear_eval(run_.encoder, info, epochs=cfg.epochs, batch_size=cfg.batch_size,
                              learning_rate=cfg.learning_rate, momentum=cfg.momentum,
                              weight_decay=cfg.weight_decay, optimizer=cfg.optimizer, augment=cfg.augment,
-                             mean=run_.mean, std=run_.std, seed=cfg.seed, label_fraction=cfg.label_fraction,
+                             augment_on=cfg.augment_on, mean=run_.mean, std=run_.std, seed=cfg.seed,
+                             label_fraction=cfg.label_fraction,
                              tb_dir=os.path.join(cfg.run_dir, TB_DIR,
                                                  protocols.folder_name(spec, cfg.label_fraction, cfg.seed)))
     protocols.merge_results(cfg.out_path, key, result, extra)
@@ -534,6 +630,9 @@ HELP = {
                  "--batch_size=1024 --epochs=90).",
     "augment": "Random resized crop (0.08-1) + flip on the training images; --noaugment precomputes "
                "the features of the plain images once (much faster).",
+    "augment_on": "Where the augmentation runs: host: in tf.data (needs TensorFlow); device: inside the compiled "
+                  "step, on uint8 batches of the in-memory training split (no TensorFlow needed: the JAX-only "
+                  "GPU machines). The same augmentation, steps and schedule either way.",
     "knn": "Run the weighted kNN evaluation instead of the linear classifier (memory bank: the labelled "
            "training images).",
     "knn_k": "k of the weighted kNN.",
@@ -550,7 +649,7 @@ def define_flags(flag_values=None):
     """One flag per ``LinearEvalConfig`` field, same name, same default."""
     from uniclr_tf import flagutil
 
-    flagutil.define_flags(LinearEvalConfig, HELP, {"optimizer": OPTIMIZERS}, flag_values)
+    flagutil.define_flags(LinearEvalConfig, HELP, {"optimizer": OPTIMIZERS, "augment_on": AUGMENT_ON}, flag_values)
 
 
 def config_from_flags(flag_values=None) -> LinearEvalConfig:
@@ -559,8 +658,16 @@ def config_from_flags(flag_values=None) -> LinearEvalConfig:
     return flagutil.config_from_flags(LinearEvalConfig, flag_values)
 
 
+def _cli_config():
+    """The flags' config, refused (one ``error:`` line) before any work if TensorFlow is missing
+    for ``--augment_on=host``."""
+    cfg = config_from_flags()
+    check_augment_on(cfg.augment and not cfg.knn, cfg.augment_on)
+    return cfg
+
+
 def main(argv):
-    run_main(argv, config_from_flags, run)
+    run_main(argv, _cli_config, run)
 
 
 def run_main(argv, read_config, run_fn):
