@@ -11,7 +11,7 @@ mkdir -p "$OUT/compile-flags"
 for i in "${!VARIANTS[@]}"; do
   ( start=$(date +%s.%N)
     CUDA_VISIBLE_DEVICES=$i XLA_FLAGS="${VARIANTS[$i]}" timeout 240 python3 -m uniclr_tf.train \
-      --flagfile=configs/simaffinity.flags --augment_on=device --epochs=3 --knn_every=0 --knn_max_train=5000 \
+      --flagfile=configs/simaffinity.flags --augment_on=device --epochs=3 --warmup_epochs=1 --knn_every=0 --knn_max_train=5000 \
       --compilation_cache_dir= --nopictures --verbose=2 --run_dir=/tmp/compile-flags --run_name="v$i" --overwrite \
       > "$OUT/compile-flags/v$i.log" 2>&1
     echo "exit $? process_seconds $(python3 -c "import time; print(round(time.time() - $start, 1))")" >> "$OUT/compile-flags/v$i.log"
