@@ -48,8 +48,9 @@ def test_cli_trains_every_trick_and_reports_knn(tmp_path):
     assert "pictures: " in proc.stdout and "views.png" in proc.stdout  # where the pictures are
     history = json.loads((run / "history.json").read_text())
     assert len(history) == 2
-    for key in ("knn_top1", "probe_accuracy", "ema_momentum", "objective_loss"):
+    for key in ("knn_top1", "effective_rank", "probe_accuracy", "ema_momentum", "objective_loss"):
         assert key in history[-1], key
+    assert 1.0 <= history[-1]["effective_rank"] <= 32  # the tiny encoder's 4 x width features
     # The resolved flagfile replays: every TrainConfig field is there with the run's value.
     flags_txt = (run / "flags.txt").read_text()
     assert "--ema_momentum=0.99" in flags_txt and "--num_local_crops=2" in flags_txt and "--predictor\n" in flags_txt

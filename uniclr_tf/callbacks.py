@@ -20,8 +20,10 @@ from uniclr_tf.evaluation import knn_eval
 class KNNMonitor(keras.callbacks.Callback):
     """Weighted kNN top-1 of the backbone on the test split every ``every`` epochs.
 
-    Writes ``knn_top1``/``knn_top5`` into the epoch logs (so TensorBoard and CSVLogger placed after
-    it record them) and keeps the history in ``self.history``.
+    Writes ``knn_top1``/``knn_top5`` and the backbone features' ``effective_rank`` on the test split
+    (:func:`uniclr_tf.evaluation.effective_rank`: near 1 for a collapsed representation) into the
+    epoch logs (so TensorBoard and CSVLogger placed after it record them) and keeps the history in
+    ``self.history``.
     """
 
     def __init__(self, encoder, preprocess, train, test, num_classes, every=1, k=200, temperature=0.1,
@@ -44,12 +46,13 @@ class KNNMonitor(keras.callbacks.Callback):
             if self.refresh is not None:
                 self.refresh()
             acc = knn_eval(self.encoder, self.preprocess, self.train, self.test, self.num_classes,
-                           self.k, self.temperature, batch_size=self.batch_size)
+                           self.k, self.temperature, batch_size=self.batch_size, with_rank=True)
         seconds = time.perf_counter() - start
         self.seconds += seconds
         self.history.append({"epoch": epoch + 1, **acc})
         if logs is not None:
             logs["knn_top1"], logs["knn_top5"] = acc["top1"], acc["top5"]
+            logs["effective_rank"] = acc["effective_rank"]
             logs["knn_seconds"] = seconds
         print(f"epoch {epoch + 1}: kNN top-1 {acc['top1']:.4f}  top-5 {acc['top5']:.4f}", flush=True)
 

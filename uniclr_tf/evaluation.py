@@ -127,25 +127,49 @@ def device_features(encoder, preprocess, images, batch_size=512):
     return jnp.concatenate(outs, axis=0)
 
 
-def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0.1, batch_size=512):
+def effective_rank(features):
+    """Effective rank (Roy & Vetterli, 2007) of ``features [N, F]``: ``exp(H(p))`` with ``p`` the
+    singular values of the centred features divided by their sum, ``H`` the Shannon entropy. It
+    runs from 1 (every feature on one line: a collapsed representation) to ``min(N, F)`` (all
+    directions used equally). Computed with ``keras.ops`` from the ``F × F`` covariance's
+    eigenvalues, in float32 on the backend's device (features may be a device array)."""
+    from keras import ops
+
+    x = ops.cast(ops.convert_to_tensor(features), "float32")
+    x = x - ops.mean(x, axis=0, keepdims=True)
+    gram = ops.matmul(ops.transpose(x), x)
+    singular = ops.sqrt(ops.maximum(ops.eigh(gram)[0], 0.0))
+    total = ops.sum(singular)
+    p = singular / ops.maximum(total, 1e-30)
+    entropy = -ops.sum(ops.where(p > 0, p * ops.log(ops.maximum(p, 1e-30)), 0.0))
+    return float(ops.convert_to_numpy(ops.where(total > 0, ops.exp(entropy), 0.0)))
+
+
+def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0.1, batch_size=512,
+             with_rank=False):
     """Weighted kNN top-1/top-5 of ``encoder`` features.
 
     ``train`` (the memory bank) and ``test`` are ``(images, labels)`` arrays or batched
     ``(images, labels)`` iterables (see :func:`extract_features`). Returns ``{"top1", "top5"}``,
-    fractions in [0, 1]. The similarities and top-k run on the backend's device (``keras.ops``); on
+    fractions in [0, 1], and with ``with_rank`` the :func:`effective_rank` of the test features
+    (``"effective_rank"``). The similarities and top-k run on the backend's device (``keras.ops``); on
     JAX with in-memory data the features never leave the device (:func:`device_features`).
     """
     if _features_stay_on_device(train) and _features_stay_on_device(test):
         train_f = device_features(encoder, preprocess, train[0], batch_size)
         test_f = device_features(encoder, preprocess, test[0], batch_size)
         scores = knn.knn_predict_tensors(train_f, train[1], test_f, num_classes, k, temperature)
-        return knn.topk_accuracy(scores, test[1], (1, 5))
-    train_f, train_y = extract_features(encoder, preprocess, train, batch_size)
-    test_f, test_y = extract_features(encoder, preprocess, test, batch_size)
-    if train_y is None or test_y is None:
-        raise ValueError("kNN evaluation needs labels for the train (memory bank) and test data")
-    return knn.knn_accuracy(train_f, train_y, test_f, test_y, num_classes, k, temperature, topk=(1, 5),
-                            device=True)
+        acc = knn.topk_accuracy(scores, test[1], (1, 5))
+    else:
+        train_f, train_y = extract_features(encoder, preprocess, train, batch_size)
+        test_f, test_y = extract_features(encoder, preprocess, test, batch_size)
+        if train_y is None or test_y is None:
+            raise ValueError("kNN evaluation needs labels for the train (memory bank) and test data")
+        acc = knn.knn_accuracy(train_f, train_y, test_f, test_y, num_classes, k, temperature, topk=(1, 5),
+                               device=True)
+    if with_rank:
+        acc["effective_rank"] = effective_rank(test_f)
+    return acc
 
 
 def raw_pixel_knn(train, test, num_classes, k=200, temperature=0.1, max_bank_mb=RAW_PIXEL_BANK_MB):
