@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 10: scaling of the real train CLI over the GPUs of one host (JAX backend, NCCL), ResNet-18 on
-# Fashion-MNIST (configs/simaffinity.flags: projector 2048-2048-256, bf16, LARS), augmentation on the
+# Fashion-MNIST (configs/paper/fashion_mnist_simaffinity.flags: projector 2048-2048-256, bf16, LARS; the recipe SCALING.md measured), augmentation on the
 # device, no kNN monitor (--knn_every=0; the final kNN uses a 5,000-image memory bank), no pictures.
 #
 #   bash benchmarks/scaling.sh          (after the gpu-prep set-up line; $OUT set; 4 GPUs)
@@ -49,7 +49,7 @@ LOGS=$RUNS/logs
 mkdir -p "$LOGS"
 T0=$SECONDS
 # shellcheck disable=SC2086
-COMMON=(--flagfile=configs/simaffinity.flags $EXTRA --augment_on=device --epochs="$EPOCHS" --warmup_epochs=1
+COMMON=(--flagfile=configs/paper/fashion_mnist_simaffinity.flags $EXTRA --augment_on=device --epochs="$EPOCHS" --warmup_epochs=1
         --knn_every=0 --knn_max_train=5000 --nopictures --compilation_cache_dir=/tmp/xla-cache
         --run_dir="$RUNS" --overwrite --verbose=2)
 NOISE="donated buffers were not usable|warnings.warn\\(|^ *$|oneDNN custom operations|absl::InitializeLog|was passed, but will be ignored|self.data_adapter = |Unable to initialize backend"

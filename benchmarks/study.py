@@ -43,7 +43,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COPIED = ("history.json", "metrics.json", "flags.txt", "linear_eval.json", "config.json")
-EPOCH_MARKS = (10, 25, 50, 100, 200)
+EPOCH_MARKS = (10, 25, 50, 100, 200)  # kNN monitor epochs the table shows (knn_every must hit them)
 
 
 def read_plan(path):
