@@ -1,6 +1,6 @@
 """The train CLI against the bench, side by side in one job: what users get vs what the step can do.
 
-    python -m benchmarks.cli_vs_bench --flagfile=configs/simaffinity.flags --epochs=100 --knn_every=10 \
+    python -m benchmarks.cli_vs_bench --flagfile=configs/paper/fashion_mnist_simaffinity.flags --epochs=100 --knn_every=10 \
         --out=benchmarks/cli-vs-bench.json [-- extra train flags]
 
 1. ``python -m benchmarks.bench --sections=a`` with the flagfile's model (encoder, projector, batch,
@@ -57,7 +57,7 @@ def run(cmd, log):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--flagfile", default="configs/simaffinity.flags")
+    parser.add_argument("--flagfile", default="configs/paper/fashion_mnist_simaffinity.flags")
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--knn_every", type=int, default=10)
     parser.add_argument("--image_shape", default="28,28,1", help="the dataset's image shape (for the bench)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 9: how long XLA compiles the train CLI's step on a GPU, with the XLA flags that shorten
 # autotuning, one variant per GPU at once (run after the gpu-prep set-up line; $OUT set; N GPUs, N <= 4).
-# Each: configs/simaffinity.flags, device augmentation, 2 epochs, no compilation cache, final kNN on
+# Each: configs/paper/fashion_mnist_simaffinity.flags (the LARS recipe measured), device augmentation, 3 epochs, no compilation cache, final kNN on
 # a 5,000-image bank. Epoch 1's step_seconds minus epoch 2's is the compile (and autotune) time; epoch
 # 2's images/s shows what the flag costs at run time. Writes $OUT/compile-flags.json and the logs.
 set -u
@@ -11,7 +11,7 @@ mkdir -p "$OUT/compile-flags"
 for i in "${!VARIANTS[@]}"; do
   ( start=$(date +%s.%N)
     CUDA_VISIBLE_DEVICES=$i XLA_FLAGS="${VARIANTS[$i]}" timeout 240 python3 -m uniclr_tf.train \
-      --flagfile=configs/simaffinity.flags --augment_on=device --epochs=3 --warmup_epochs=1 --knn_every=0 --knn_max_train=5000 \
+      --flagfile=configs/paper/fashion_mnist_simaffinity.flags --augment_on=device --epochs=3 --warmup_epochs=1 --knn_every=0 --knn_max_train=5000 \
       --compilation_cache_dir= --nopictures --verbose=2 --run_dir=/tmp/compile-flags --run_name="v$i" --overwrite \
       > "$OUT/compile-flags/v$i.log" 2>&1
     echo "exit $? process_seconds $(python3 -c "import time; print(round(time.time() - $start, 1))")" >> "$OUT/compile-flags/v$i.log"

@@ -12,7 +12,7 @@ python3 benchmarks/torch_gpu_peer.py --epochs="$EPOCHS" --knn_every="$KNN" --out
 echo "peer exit $?"; tail -4 "$OUT/peer.log"
 for run in cold warm; do
   start=$(date +%s.%N)
-  python3 -m uniclr_tf.train --flagfile=configs/simaffinity.flags --optimizer=sgd --base_learning_rate=0.06 \
+  python3 -m uniclr_tf.train --flagfile=configs/paper/fashion_mnist_simaffinity.flags --optimizer=sgd --base_learning_rate=0.06 \
     --weight_decay=5e-4 --warmup_epochs=10 --augment_on=device --epochs="$EPOCHS" --knn_every="$KNN" \
     --run_dir=/tmp/pv --run_name="sgd-$run" --overwrite --verbose=2 --nopictures \
     --compilation_cache_dir=/tmp/pv/xla-cache >> "$OUT/cli-sgd.log" 2>&1

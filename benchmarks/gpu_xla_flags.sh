@@ -7,7 +7,7 @@
 # the CLI's step_seconds over epochs 2-4. Writes $OUT/xla-flags.json and the three logs.
 set -u
 export NCCL_NVLS_ENABLE=0
-C="python3 -m uniclr_tf.train --flagfile=configs/simaffinity.flags --augment_on=device --knn_every=0 --nopictures
+C="python3 -m uniclr_tf.train --flagfile=configs/paper/fashion_mnist_simaffinity.flags --augment_on=device --knn_every=0 --nopictures
    --warmup_epochs=1 --epochs=4 --knn_max_train=5000 --overwrite --verbose=2 --run_dir=/tmp/xf --compilation_cache_dir="
 CUDA_VISIBLE_DEVICES=0 timeout 90 $C --run_name=g1 --batch_size=512 > "$OUT/g1.log" 2>&1; echo "g1 exit $?"
 CUDA_VISIBLE_DEVICES=0,1 timeout 90 $C --run_name=g2 --batch_size=1024 --strategy=data_parallel > "$OUT/g2.log" 2>&1

@@ -1,6 +1,6 @@
 """Where the host's time goes in a real training run: ``train.run`` under cProfile.
 
-    python -m benchmarks.profile_run --out=/tmp/run.prof -- --flagfile=configs/simaffinity.flags \
+    python -m benchmarks.profile_run --out=/tmp/run.prof -- --flagfile=configs/paper/fashion_mnist_simaffinity.flags \
         --augment_on=device --epochs=12 --knn_every=5 --run_dir=/tmp/p --overwrite
 
 Everything after ``--`` goes to the train CLI. Prints the functions with the largest cumulative

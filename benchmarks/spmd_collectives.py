@@ -1,6 +1,6 @@
 """What crosses between devices in one data-parallel train step: the collectives XLA compiled.
 
-    python -m benchmarks.spmd_collectives --devices=2 -- --flagfile=configs/simaffinity.flags \
+    python -m benchmarks.spmd_collectives --devices=2 -- --flagfile=configs/paper/fashion_mnist_simaffinity.flags \
         --batch_size=1024 [train flags...]
 
 Builds the real training model of ``python -m uniclr_tf.train --strategy=data_parallel`` (JAX,

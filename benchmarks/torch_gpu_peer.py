@@ -2,7 +2,7 @@
 
 What a careful PyTorch user writes today (as kornia / DALI users do): the uint8 images resident on
 the GPU, per-sample augmentation on whole batches on the GPU, bf16 autocast, channels_last,
-cudnn.benchmark, and the same model and objective as ``configs/simaffinity.flags``:
+cudnn.benchmark, and the same model and objective as ``configs/paper/fashion_mnist_simaffinity.flags``:
 
 * ResNet-18 with the CIFAR stem (3×3 conv, stride 1, no max-pool), projector 2048-2048-256
   (Linear-BN-ReLU ×2, Linear-BN without affine), SimAffinity (cross-entropy over the rows of
