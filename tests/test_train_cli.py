@@ -166,3 +166,14 @@ def test_help_lists_every_flag_by_group_with_its_default():
     assert proc.returncode == 0
     for field in dataclasses.fields(LinearEvalConfig):
         assert f"  --{field.name}=" in proc.stdout, field.name
+
+
+def test_steps_per_execution_must_divide_an_epoch(tmp_path):
+    """Keras runs whole blocks of --steps_per_execution steps, so 3 blocks of 4 for a 10-step epoch
+    would train 12 steps an epoch (and the schedule and resume would count 10): refused, before any
+    run folder exists."""
+    proc = run_cli("--flagfile=configs/quickstart.flags", "--method=simclr", "--max_examples=512",
+                   "--steps_per_epoch=10", "--steps_per_execution=4", f"--run_dir={tmp_path}", "--run_name=spe")
+    assert proc.returncode != 0
+    assert "--steps_per_execution=4 must divide the 10 steps of an epoch" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "spe").exists()

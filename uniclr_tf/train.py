@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import errno
 import json
-import math
 import os
 import shutil
 import sys
@@ -83,9 +82,9 @@ HELP = {
                               "--nogather_across_replicas keeps them per replica (authors' code).",
     "tpu": "TPU name or grpc:// address for --strategy=tpu.",
     "jit_compile": "Compile the train step with XLA on TF (JAX always jits).",
-    "steps_per_execution": "Train steps per compiled call (JAX: one lax.scan over K batches, one dispatch per K "
-                           "steps, exact epochs; TF: must divide the steps of an epoch). Callbacks, the "
-                           "progress bar and signal checks then see every K-th step.",
+    "steps_per_execution": "Train steps per call of the train function (must divide the steps of an epoch; "
+                           "TF: one in-graph loop; JAX: Keras loops over the compiled step in Python). "
+                           "Callbacks, the progress bar and signal checks then see every K-th step.",
     "seed": "Random seed.",
     "run_dir": "Parent folder of run folders.",
     "run_name": "Run folder name (empty: <method>-<dataset>-<timestamp>).",
@@ -300,10 +299,9 @@ def run(cfg):
     num_train = min(info.num_train, cfg.max_examples or info.num_train)
     steps_per_epoch = cfg.steps_per_epoch or max(num_train // cfg.batch_size, 1)
     cfg = dataclasses.replace(cfg, steps_per_epoch=steps_per_epoch)
-    if cfg.steps_per_execution > 1 and steps_per_epoch % cfg.steps_per_execution and keras.backend.backend() != "jax":
+    if cfg.steps_per_execution > 1 and steps_per_epoch % cfg.steps_per_execution:
         raise ValueError(f"--steps_per_execution={cfg.steps_per_execution} must divide the {steps_per_epoch} steps "
-                         f"of an epoch on the {keras.backend.backend()} backend (Keras runs whole blocks, so an "
-                         f"epoch would run more steps); JAX runs exact epochs with any value")
+                         f"of an epoch (Keras runs whole blocks of steps, so an epoch would run more)")
     if cfg.precision != "float32":
         keras.mixed_precision.set_global_policy(f"mixed_{cfg.precision}")
     # The distribution first: every variable (the augmenter's random state too) is created under it.
@@ -403,14 +401,10 @@ def run(cfg):
         try:
             epoch = initial_step // steps_per_epoch
             if initial_step % steps_per_epoch:  # resumed mid-epoch: finish that epoch first
-                rest = steps_per_epoch - initial_step % steps_per_epoch
-                blocks = model.steps_per_execution
-                if keras.backend.backend() != "jax" and rest % blocks:  # whole blocks only (see above)
-                    model.steps_per_execution, model.train_function = math.gcd(blocks, rest), None
+                # (a multiple of --steps_per_execution: backups happen between blocks, which divide an epoch)
                 model.fit(train_data(initial_step), initial_epoch=epoch, epochs=epoch + 1,
-                          steps_per_epoch=rest, callbacks=callbacks, verbose=verbose)
-                if model.steps_per_execution != blocks:
-                    model.steps_per_execution, model.train_function = blocks, None
+                          steps_per_epoch=steps_per_epoch - initial_step % steps_per_epoch,
+                          callbacks=callbacks, verbose=verbose)
                 epoch += 1
             if epoch < cfg.epochs:
                 model.fit(train_data(epoch * steps_per_epoch), initial_epoch=epoch, epochs=cfg.epochs,

@@ -16,10 +16,6 @@ def train_step_mixin():
         from uniclr_tf.steps.tf_step import TensorFlowTrainStep
         return TensorFlowTrainStep
     if backend == "jax":
-        from uniclr_tf.steps.jax_step import BlockedSteps, JaxTrainStep
-
-        class JaxSteps(BlockedSteps, JaxTrainStep):
-            """``train_step`` as a pure function, several per compiled call when asked."""
-
-        return JaxSteps
+        from uniclr_tf.steps.jax_step import JaxTrainStep
+        return JaxTrainStep
     raise RuntimeError(f"uniclr_tf supports the 'tensorflow' and 'jax' Keras backends; active backend is {backend!r}")
