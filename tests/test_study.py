@@ -1,0 +1,59 @@
+"""benchmarks/study.py: the plan format, the command each run gets, and the table from run files."""
+
+import json
+import sys
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import study  # noqa: E402
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_plan_common_flags_order_and_errors(tmp_path, capsys):
+    plan = write(tmp_path / "p.plan", "# comment\ncommon: --epochs=5 \\\n  --knn_every=5\n"
+                 "a  --flagfile=configs/simtrace.flags --epochs=7  # own flags win\nb --seed=1\n")
+    common, runs = study.read_plan(plan)
+    assert common == ["--epochs=5", "--knn_every=5"]
+    assert runs == [("a", ["--flagfile=configs/simtrace.flags", "--epochs=7"]), ("b", ["--seed=1"])]
+    study.main([f"--plan={plan}", f"--out={tmp_path / 'out'}", "--gpus=0,1", "--dry_run", "--python=py"])
+    out = capsys.readouterr().out
+    # flagfile first, then the common flags, then the run's own (later flags win in absl)
+    assert ("py -m uniclr_tf.train --flagfile=configs/simtrace.flags --epochs=5 --knn_every=5 --epochs=7 "
+            f"--run_dir=/tmp/uniclr-study --run_name=a --verbose=2 --nopictures") in out
+    assert "gpu 1: train b" in out or "gpu 0: train b" in out
+    with pytest.raises(SystemExit, match="repeated"):
+        study.read_plan(write(tmp_path / "bad.plan", "a --x=1\na --x=2\n"))
+    with pytest.raises(SystemExit, match="no run"):
+        study.read_plan(write(tmp_path / "empty.plan", "common: --epochs=1\n"))
+    with pytest.raises(SystemExit, match="not in"):
+        study.main([f"--plan={plan}", f"--out={tmp_path / 'out'}", "--only=zz", "--dry_run"])
+
+
+def test_summary_reads_history_metrics_linear_and_exit_codes(tmp_path):
+    out = tmp_path / "out"
+    done, failed = out / "done", out / "failed"
+    done.mkdir(parents=True)
+    failed.mkdir()
+    history = [{"epoch": e, "step_seconds": 2.0 if e > 1 else 30.0, "embedding_std": 0.06, "wall_seconds": 10.0 * e,
+                **({"knn_top1": round(0.8 + e / 1000, 3)} if e % 25 == 0 else {})} for e in range(1, 51)]
+    (done / "history.json").write_text(json.dumps(history))
+    (done / "metrics.json").write_text(json.dumps({"status": "finished", "steps": 50 * 10, "knn_top1": 0.85}))
+    (done / "linear_eval.json").write_text(json.dumps({"linear[fashion_mnist, labels=100%]": {"top1": 0.91}}))
+    (done / "exits.json").write_text(json.dumps({"train": 0, "linear_eval": 0}))
+    (failed / "exits.json").write_text(json.dumps({"train": 1}))
+    rows = study.summarise(str(out), [("done", ["--batch_size=512"]), ("failed", []), ("never", [])])
+    row = rows[0]
+    assert (row["knn@25"], row["knn@50"], row["knn@100"]) == (0.825, 0.85, None)
+    assert row["knn_final"] == 0.85 and row["linear_top1"] == 0.91 and row["status"] == "finished"
+    assert row["images_per_second"] == round(49 * 10 * 512 / (49 * 2.0))  # epochs 2.. only
+    assert row["wall_seconds"] == 500.0
+    assert rows[1]["status"] == "train exit 1" and rows[2]["status"] == "not started"
+    table = study.markdown(rows)
+    assert table.splitlines()[2].startswith("| done | 50 |") and "0.8250" in table
