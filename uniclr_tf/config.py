@@ -19,6 +19,7 @@ OPTIMIZERS = ("lars", "sgd", "adamw")
 PRECISIONS = ("float32", "bfloat16", "float16")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "data_parallel")
 AUGMENT_ON = ("host", "device")
+BATCH_NORMS = ("global", "per_device")
 
 # Fields of earlier versions that are method options now (config.json of older runs).
 _LEGACY_OPTION_FIELDS = ("temperature", "gamma", "eps", "whitening_mode", "stop_gradient_cov",
@@ -91,6 +92,7 @@ class TrainConfig:
     precision: str = "float32"
     strategy: str = "default"
     gather_across_replicas: bool = True
+    batch_norm: str = "global"  # per_device: statistics of each device's share of the batch
     tpu: str = ""
     jit_compile: bool = False
     steps_per_execution: int = 1
@@ -138,6 +140,7 @@ class TrainConfig:
         check(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}")
         check(self.strategy in STRATEGIES, "strategy", f"one of {STRATEGIES}")
         check(self.augment_on in AUGMENT_ON, "augment_on", f"one of {AUGMENT_ON}")
+        check(self.batch_norm in BATCH_NORMS, "batch_norm", f"one of {BATCH_NORMS}")
         check(self.image_size == 0 or self.image_size >= 16, "image_size",
               "0 (the dataset's size) or an integer >= 16 (the encoders downsample 8 times)")
         check(self.encoder_width >= 0, "encoder_width", "an integer >= 0")

@@ -23,6 +23,7 @@ no message) stops with one ``ValueError`` line naming it instead.
 """
 
 import contextlib
+import math
 import os
 import threading
 
@@ -38,6 +39,17 @@ DEFAULT_TPU_TIMEOUT_S = 60.0
 
 def num_replicas(strategy):
     return getattr(strategy, "num_replicas_in_sync", 1) if strategy is not None else 1
+
+
+def num_data_parallel_devices(strategy):
+    """Devices the batch is split over: the tf.distribute strategy's replicas, or on JAX the devices
+    of the ``keras.distribution`` mesh (all processes'), 1 without either."""
+    if strategy is not None:
+        return num_replicas(strategy)
+    distribution = keras.distribution.distribution() if keras.backend.backend() == "jax" else None
+    if distribution is None:
+        return 1
+    return int(math.prod(distribution.device_mesh.shape))
 
 
 ENV_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"

@@ -7,18 +7,88 @@ the channels and checks that the nominal size is large enough. Functional models
 (``keras.models.clone_model``) for the EMA target and saved as ``.keras`` files.
 """
 
+import contextlib
+import contextvars
+
 import keras
-from keras import layers
+from keras import layers, ops
 
 ENCODERS = ("resnet18", "resnet50", "small", "tiny")
+
+_BN_GROUPS = contextvars.ContextVar("uniclr_tf_bn_groups", default=1)
+
+
+@contextlib.contextmanager
+def batch_norm_groups(groups):
+    """Within this block, :func:`batch_norm` builds :class:`GroupBatchNormalization` layers with
+    ``groups`` groups (``train --batch_norm=per_device`` on JAX: one group per device); 1: plain BN."""
+    token = _BN_GROUPS.set(int(groups))
+    try:
+        yield
+    finally:
+        _BN_GROUPS.reset(token)
+
+
+@keras.saving.register_keras_serializable(package="uniclr_tf")
+class GroupBatchNormalization(layers.BatchNormalization):
+    """Batch norm whose training statistics are those of ``groups`` equal, contiguous slices of the
+    batch (each slice normalised by its own mean and variance: "ghost" batch norm).
+
+    Under JAX ``keras.distribution.DataParallel`` over G devices with ``groups=G``, each slice is
+    one device's shard of the batch, so no statistic crosses devices: per-device BN, as PyTorch DDP
+    without SyncBN, instead of the global BN that a global array gives (two all-reduces per BN layer
+    and step on the critical path, forward and backward). The moving statistics follow the mean of
+    the groups' statistics. Inference (``training=False``) is plain batch norm with them, so a saved
+    backbone evaluates the same on any number of devices. Channels must be the last axis; the batch
+    must split into ``groups`` equal slices.
+    """
+
+    def __init__(self, groups=1, **kwargs):
+        super().__init__(**kwargs)
+        if int(groups) < 1:
+            raise ValueError(f"groups must be >= 1; received {groups!r}")
+        self.groups = int(groups)
+
+    def call(self, inputs, training=None, mask=None):
+        if self.groups == 1 or not (training and self.trainable) or mask is not None or self.renorm:
+            return super().call(inputs, training=training, mask=mask)
+        if self.axis not in (-1, len(inputs.shape) - 1):
+            raise ValueError(f"{self.name}: GroupBatchNormalization needs channels last; axis={self.axis}")
+        batch = inputs.shape[0]
+        if batch is not None and batch % self.groups:
+            raise ValueError(f"{self.name}: a batch of {batch} does not split into {self.groups} groups")
+        x = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
+        grouped = ops.reshape(x, (self.groups, -1) + tuple(x.shape[1:]))
+        axes = tuple(range(1, len(grouped.shape) - 1))
+        mean, variance = ops.moments(grouped, axes=axes, keepdims=True)
+        channels = grouped.shape[-1]
+        momentum = self.momentum
+        self.moving_mean.assign(ops.cast(self.moving_mean, x.dtype) * momentum
+                                + ops.mean(ops.reshape(mean, (self.groups, channels)), axis=0) * (1.0 - momentum))
+        self.moving_variance.assign(ops.cast(self.moving_variance, x.dtype) * momentum
+                                    + ops.mean(ops.reshape(variance, (self.groups, channels)), axis=0)
+                                    * (1.0 - momentum))
+        out = (grouped - mean) * ops.rsqrt(variance + self.epsilon)
+        if self.scale:
+            out = out * ops.cast(self.gamma, x.dtype)
+        if self.center:
+            out = out + ops.cast(self.beta, x.dtype)
+        return ops.cast(ops.reshape(out, ops.shape(x)), self.compute_dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "groups": self.groups}
 
 
 def batch_norm(synchronized=False, name=None, **kwargs):
     """BatchNormalization; ``synchronized`` makes MirroredStrategy match one device (docs/stack.md).
 
     Only the TF backend has (and needs) synchronized BN: under JAX ``DataParallel`` the arrays are
-    global, so plain BN already normalises over the whole batch.
+    global, so plain BN already normalises over the whole batch. Inside :func:`batch_norm_groups`
+    (G > 1) it is a :class:`GroupBatchNormalization` with G groups instead (per-device statistics).
     """
+    groups = _BN_GROUPS.get()
+    if groups > 1:
+        return GroupBatchNormalization(groups=groups, momentum=0.9, epsilon=1e-5, name=name, **kwargs)
     synchronized = bool(synchronized) and keras.backend.backend() == "tensorflow"
     return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, synchronized=synchronized, name=name, **kwargs)
 

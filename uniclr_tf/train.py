@@ -28,7 +28,7 @@ import time
 from absl import app, flags
 
 from uniclr_tf import flagutil
-from uniclr_tf.config import AUGMENT_ON, ENCODERS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
+from uniclr_tf.config import AUGMENT_ON, BATCH_NORMS, ENCODERS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 
 HELP = {
     "dataset": "fashion_mnist | tfds:NAME[:SPLIT] | folder:PATH | tfrecord:TRAIN_GLOB[,TEST_GLOB] (README, Datasets).",
@@ -80,6 +80,9 @@ HELP = {
                 "TF) | tpu (TPUStrategy, TF) | data_parallel (JAX; several processes with --num_processes).",
     "gather_across_replicas": "Gather embeddings across replicas (global negatives/covariance); "
                               "--nogather_across_replicas keeps them per replica (authors' code).",
+    "batch_norm": "Batch-norm statistics over several devices: global (the whole batch: synchronized BN on "
+                  "TF, one all-reduce per BN layer and pass on JAX) or per_device (each device's share, as "
+                  "PyTorch DDP without SyncBN; no BN traffic between devices). One device: the same.",
     "tpu": "TPU name or grpc:// address for --strategy=tpu.",
     "jit_compile": "Compile the train step with XLA on TF (JAX always jits).",
     "steps_per_execution": "Train steps per call of the train function (must divide the steps of an epoch; "
@@ -105,7 +108,7 @@ HELP = {
     "verbose": "0: a progress bar on a terminal, one line per epoch otherwise; 1: progress bar; 2: one line per epoch.",
 }
 ENUMS = {"encoder": ENCODERS, "optimizer": OPTIMIZERS, "precision": PRECISIONS,
-         "strategy": STRATEGIES, "augment_on": AUGMENT_ON}
+         "strategy": STRATEGIES, "augment_on": AUGMENT_ON, "batch_norm": BATCH_NORMS}
 ALIASES = {"objective": "method", "gamma": "symmetric_loss_weight"}
 
 
@@ -143,19 +146,28 @@ def build_augmenter(cfg, info, method=None):
                                      seed=cfg.seed)
 
 
-def build_model(cfg, info, augmenter=None, synchronized_bn=False):
-    """Encoder + the method's heads (+ EMA target, state, probe) wired into a ``UniCLR`` model."""
+def build_model(cfg, info, augmenter=None, devices=1):
+    """Encoder + the method's heads (+ EMA target, state, probe) wired into a ``UniCLR`` model.
+
+    ``devices`` > 1 (the batch split over several): ``--batch_norm=global`` synchronises BN on TF
+    (JAX's global arrays need nothing); ``per_device`` keeps TF's per-replica BN and, on JAX, builds
+    ``GroupBatchNormalization`` with one group per device."""
+    import keras
+
     from uniclr_tf import encoders, heads
     from uniclr_tf.model import UniCLR
     method = cfg.build_method()
     size = cfg.image_size or info.image_shape[0]
-    encoder = encoders.build_encoder(cfg.encoder, (size, size, info.image_shape[-1]),
-                                     width=cfg.encoder_width or None, synchronized_bn=synchronized_bn)
-    feat = encoder.output_shape[-1]
-    proj = heads.projector(feat, cfg.projector_dims, synchronized_bn=synchronized_bn,
-                           last_bn=method.projector_last_bn)
-    pred = (heads.predictor(cfg.projector_dims[-1], cfg.predictor_hidden, synchronized_bn)
-            if method.uses_predictor else None)
+    synchronized_bn = devices > 1 and cfg.batch_norm == "global"
+    groups = devices if cfg.batch_norm == "per_device" and keras.backend.backend() == "jax" else 1
+    with encoders.batch_norm_groups(groups):
+        encoder = encoders.build_encoder(cfg.encoder, (size, size, info.image_shape[-1]),
+                                         width=cfg.encoder_width or None, synchronized_bn=synchronized_bn)
+        feat = encoder.output_shape[-1]
+        proj = heads.projector(feat, cfg.projector_dims, synchronized_bn=synchronized_bn,
+                               last_bn=method.projector_last_bn)
+        pred = (heads.predictor(cfg.projector_dims[-1], cfg.predictor_hidden, synchronized_bn)
+                if method.uses_predictor else None)
     return UniCLR(encoder, proj, pred, method=method, augmenter=augmenter, num_global=2,
                   ema_total_steps=cfg.epochs * max(cfg.steps_per_epoch, 1),
                   gather_across_replicas=cfg.gather_across_replicas,
@@ -349,7 +361,7 @@ def run(cfg):
 
     with distribute.scope(strategy):
         model = build_model(cfg, info, augmenter if cfg.augment_on == "device" else None,
-                            synchronized_bn=replicas > 1)
+                            devices=distribute.num_data_parallel_devices(strategy))
         # JAX must jit ("auto"): with jit_compile=False Keras-on-JAX runs the step eagerly (~70x
         # slower on a GPU). TF runs a tf.function graph unless --jit_compile asks for XLA.
         jit = True if cfg.jit_compile else ("auto" if keras.backend.backend() == "jax" else False)

@@ -1,0 +1,90 @@
+"""--batch_norm=per_device: GroupBatchNormalization (per-group statistics) and what it removes
+from a data-parallel step (the batch-norm all-reduces), against a float64 reference."""
+
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import REPO_ROOT
+from uniclr_tf import encoders
+from uniclr_tf.encoders import GroupBatchNormalization
+
+
+def reference(x, groups, gamma, beta, eps=1e-5):
+    """Each contiguous slice of the batch normalised by its own mean and (biased) variance, float64."""
+    x = np.asarray(x, np.float64)
+    out, means, variances = [], [], []
+    for part in np.split(x, groups):
+        axes = tuple(range(part.ndim - 1))
+        mean, var = part.mean(axes), part.var(axes)
+        out.append((part - mean) / np.sqrt(var + eps) * gamma + beta)
+        means.append(mean)
+        variances.append(var)
+    return np.concatenate(out), np.mean(means, 0), np.mean(variances, 0)
+
+
+@pytest.mark.parametrize("shape", [(12, 5, 5, 3), (12, 6)])
+def test_group_batch_norm_matches_the_per_group_reference(shape):
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=shape) * np.arange(1, shape[-1] + 1) + 2.0).astype("float32")
+    layer = GroupBatchNormalization(groups=3, momentum=0.9, epsilon=1e-5)
+    layer.build(x.shape)
+    gamma, beta = rng.normal(size=shape[-1]), rng.normal(size=shape[-1])
+    layer.gamma.assign(gamma.astype("float32"))
+    layer.beta.assign(beta.astype("float32"))
+    y = keras.ops.convert_to_numpy(layer(x, training=True))
+    expected, mean, var = reference(x, 3, gamma, beta)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer.moving_mean), 0.1 * mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer.moving_variance), 0.9 + 0.1 * var, rtol=1e-5)
+    # the whole-batch statistics differ (the test can tell the two apart)
+    whole, _, _ = reference(x, 1, gamma, beta)
+    assert np.abs(whole - expected).max() > 1e-2
+    # inference: plain batch norm with the moving statistics, as keras's layer
+    plain = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)
+    plain.build(x.shape)
+    plain.set_weights(layer.get_weights())
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x, training=False)),
+                               keras.ops.convert_to_numpy(plain(x, training=False)), rtol=1e-6, atol=1e-6)
+
+
+def test_group_batch_norm_config_context_and_errors():
+    with encoders.batch_norm_groups(4):
+        grouped = encoders.batch_norm(name="bn")
+    plain = encoders.batch_norm(name="bn")
+    assert type(grouped) is GroupBatchNormalization and grouped.groups == 4
+    assert type(plain) is keras.layers.BatchNormalization
+    clone = GroupBatchNormalization.from_config(grouped.get_config())
+    assert clone.groups == 4 and clone.momentum == grouped.momentum
+    with pytest.raises(ValueError, match="does not split into 4 groups"):
+        grouped(np.zeros((6, 3), "float32"), training=True)
+    with pytest.raises(ValueError, match="groups must be >= 1"):
+        GroupBatchNormalization(groups=0)
+
+
+def collectives(tmp_path, batch_norm):
+    out = tmp_path / f"{batch_norm}.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.spmd_collectives", "--devices=2", f"--out={out}", "--",
+         "--flagfile=configs/quickstart.flags", "--method=simaffinity", "--encoder=tiny", "--encoder_width=8",
+         "--projector_dims=64,32", "--batch_size=32", "--max_examples=256", f"--batch_norm={batch_norm}",
+         f"--run_dir={tmp_path}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())["counts"]
+
+
+def test_per_device_batch_norm_removes_the_bn_all_reduces(tmp_path):
+    """The real data-parallel train step (JAX, 2 devices), compiled: global BN all-reduces every BN
+    layer's statistics forward and its sums backward (25 all-reduces here: tiny encoder 3 + projector
+    2 BN layers), per-device BN none of them — the moving statistics' means ride in the gradient
+    all-reduce (5 here)."""
+    global_bn = collectives(tmp_path, "global")
+    per_device = collectives(tmp_path, "per_device")
+    assert global_bn["all-reduce"] >= per_device["all-reduce"] + 10, (global_bn, per_device)
+    assert per_device["all-reduce"] <= 6, per_device
