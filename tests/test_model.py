@@ -1,12 +1,11 @@
 """UniCLR model wiring: the objective it computes, EMA target, view pairs, TF/JAX parity."""
 
-import json
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.conftest import HANDOFF, run_python_snippets
 from uniclr_tf import encoders, heads, objectives
 from uniclr_tf.model import UniCLR, unpack
 from uniclr_tf.schedules import momentum_schedule
@@ -132,59 +131,66 @@ def test_invalid_arguments_are_rejected():
         small_model().compute_objective(np.zeros((4, 16, 16, 1), "float32"))
 
 
-PARITY = r"""
+# One process per backend, both started at once: the TF one publishes each model's initial weights,
+# which the JAX one loads (6 processes one after the other before: 75 s -> 25 s on 2 cores).
+RUNS = r"""
 import json, os, numpy as np, keras
 from uniclr_tf import encoders, heads
+from uniclr_tf.augment import ViewAugmenter
 from uniclr_tf.model import UniCLR
-keras.utils.set_random_seed(1)
-enc = encoders.build_encoder("tiny", (16, 16, 1), width=4)
-model = UniCLR(enc, heads.projector(16, (32, 8)), heads.predictor(8, 16), objective="{objective}",
-               ema_momentum=0.9, ema_total_steps=10)
-path = "{weights}"
-if os.path.exists(path):
-    model.load_weights(path)
-else:
-    model.save_weights(path)
-rng = np.random.default_rng(0)
-v1 = rng.normal(size=(16, 16, 16, 1)).astype("float32")
-v = (v1, (v1 + 0.3 * rng.normal(size=v1.shape)).astype("float32"))
-model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9))
-losses = [float(model.train_on_batch(v, return_dict=True)["objective_loss"]) for _ in range(3)]
-print(json.dumps({{"losses": losses, "target": float(np.sum(model.target_projector.get_weights()[0]))}}))
+""" + HANDOFF + r"""
+def parity(objective, path):
+    keras.utils.set_random_seed(1)
+    enc = encoders.build_encoder("tiny", (16, 16, 1), width=4)
+    model = UniCLR(enc, heads.projector(16, (32, 8)), heads.predictor(8, 16), objective=objective,
+                   ema_momentum=0.9, ema_total_steps=10)
+    if keras.backend.backend() == "tensorflow":
+        publish(model.save_weights, path)
+    else:
+        wait_for(path)
+        model.load_weights(path)
+    rng = np.random.default_rng(0)
+    v1 = rng.normal(size=(16, 16, 16, 1)).astype("float32")
+    v = (v1, (v1 + 0.3 * rng.normal(size=v1.shape)).astype("float32"))
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9))
+    losses = [float(model.train_on_batch(v, return_dict=True)["objective_loss"]) for _ in range(3)]
+    return {"losses": losses, "target": float(np.sum(model.target_projector.get_weights()[0]))}
+
+def device_augmentation():
+    keras.utils.set_random_seed(1)
+    aug = ViewAugmenter.for_dataset((16, 16, 1), num_local=1, seed=3)
+    model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)),
+                   objective="simaffinity", augmenter=aug, num_classes=3)
+    model.compile(optimizer=keras.optimizers.SGD(0.0))
+    images = np.random.default_rng(0).integers(0, 256, size=(16, 16, 16, 1)).astype("uint8")
+    labels = np.arange(16) % 3
+    return [float(model.train_on_batch(images, labels, return_dict=True)["objective_loss"]) for _ in range(3)]
+
+OUT = {"parity": {o: parity(o, os.path.join(__TMP__, o + ".weights.h5")) for o in ("simaffinity", "simtrace")},
+       "device_augmentation": device_augmentation()}
+print(json.dumps(OUT))
 """
 
 
+@pytest.fixture(scope="module")
+def backend_runs(tmp_path_factory):
+    code = RUNS.replace("__TMP__", repr(str(tmp_path_factory.mktemp("model"))))
+    tf_out, jax_out = run_python_snippets((code, "tensorflow"), (code, "jax"))
+    return {"tensorflow": tf_out, "jax": jax_out}
+
+
 @pytest.mark.parametrize("objective", ["simaffinity", "simtrace"])
-def test_tf_and_jax_train_the_same(objective, tmp_path, run_python):
-    code = PARITY.format(objective=objective, weights=tmp_path / "init.weights.h5")
-    tf_out = run_python(code, backend="tensorflow")
-    jax_out = run_python(code, backend="jax")
+def test_tf_and_jax_train_the_same(objective, backend_runs):
+    tf_out, jax_out = (backend_runs[b]["parity"][objective] for b in ("tensorflow", "jax"))
     np.testing.assert_allclose(jax_out["losses"], tf_out["losses"], rtol=2e-4, atol=2e-5)
     np.testing.assert_allclose(jax_out["target"], tf_out["target"], rtol=1e-4, atol=1e-5)
 
 
-DEVICE_AUG = r"""
-import json, numpy as np, keras
-from uniclr_tf import encoders, heads
-from uniclr_tf.augment import ViewAugmenter
-from uniclr_tf.model import UniCLR
-keras.utils.set_random_seed(1)
-aug = ViewAugmenter.for_dataset((16, 16, 1), num_local=1, seed=3)
-model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)),
-               objective="simaffinity", augmenter=aug, num_classes=3)
-model.compile(optimizer=keras.optimizers.SGD(0.0))
-images = np.random.default_rng(0).integers(0, 256, size=(16, 16, 16, 1)).astype("uint8")
-labels = np.arange(16) % 3
-losses = [float(model.train_on_batch(images, labels, return_dict=True)["objective_loss"]) for _ in range(3)]
-print(json.dumps({"losses": losses}))
-"""
-
-
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
-def test_device_augmentation_inside_the_train_step(backend, run_python):
+def test_device_augmentation_inside_the_train_step(backend, backend_runs):
     """uint8 batch in, views made in the compiled step; with lr = 0 the loss still changes from step to
     step, because the augmenter's random state advances (it is carried through the JAX state)."""
-    losses = run_python(DEVICE_AUG, backend=backend)["losses"]
+    losses = backend_runs[backend]["device_augmentation"]
     assert np.all(np.isfinite(losses))
     assert len(set(np.round(losses, 6))) == 3, losses
 
