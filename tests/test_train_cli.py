@@ -1,5 +1,11 @@
-"""The real entry point, end to end, on a slice of Fashion-MNIST (the embedded default)."""
+"""The real entry point, end to end, on a slice of Fashion-MNIST (the embedded default).
 
+Each of the module's subprocesses (a TensorFlow or JAX import, tracing: one core each) is started
+by the ``cli`` fixture at the module's first test, three at a time, and awaited by its test: the
+module took 140 s one after the other, 70 s so on the 2-core machine.
+"""
+
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -7,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, run_python_snippet
 
 from uniclr_tf.config import TrainConfig
 
@@ -18,10 +24,60 @@ def run_cli(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_cli_trains_every_trick_and_reports_knn(tmp_path):
-    proc = run_cli("--flagfile=configs/quickstart_full.flags", "--max_examples=512", "--epochs=2",
-                   "--batch_size=64", "--steps_per_epoch=3", "--encoder_width=8", "--projector_dims=64,32",
-                   "--tensorboard_every_steps=2", f"--run_dir={tmp_path}", "--run_name=cli")
+def run_help(module, flag):
+    return subprocess.run([sys.executable, "-m", module, flag], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+BAD_VALUES = [
+    (["--batch_size=1"], "--batch_size"),
+    (["--method=simaffinity", "--ema_momentum=1.5"], "--ema_momentum"),
+    (["--projector_dims=64,abc"], "--projector_dims"),
+    (["--objective=nope"], "method"),
+    (["--dataset=nope"], "nope"),
+    (["--epochs=0"], "--epochs: expected an integer >= 1"),
+    (["--image_size=3"], "--image_size"),
+    (["--run_dir=/proc/uniclr-nope"], "--run_dir=/proc/uniclr-nope: cannot create"),
+    (["--method=simtrace", "--projector_dims=64,512", "--batch_size=16"], "--batch_size=16: simtrace whitens"),
+    (["--method=byol", "--gamma=0.1"], "--symmetric_loss_weight (alias --gamma) does not apply to --method=byol"),
+    (["--method=simclr", "--queue_size=64"], "--queue_size does not apply to --method=simclr"),
+    (["--method=byol", "--ema_momentum=0"], "--ema_momentum: byol needs an EMA target"),
+    (["--method=wmse", "--whitening_size=64", "--batch_size=96"], "--whitening_size=64 must divide"),
+]
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    """Every subprocess of the module, started now, three at a time (the longest first):
+    ``(its folder, future)`` by name."""
+    jobs = {}
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        def submit(name, task):  # task(folder)
+            folder = tmp_path_factory.mktemp(name.replace("/", "_"))
+            jobs[name] = folder, pool.submit(task, folder)
+
+        submit("every_trick", lambda d: run_cli(
+            "--flagfile=configs/quickstart_full.flags", "--max_examples=512", "--epochs=2", "--batch_size=64",
+            "--steps_per_epoch=3", "--encoder_width=8", "--projector_dims=64,32", "--tensorboard_every_steps=2",
+            f"--run_dir={d}", "--run_name=cli"))
+        submit("no_tensorflow", lambda d: run_python_snippet(NO_TF_RUN.format(run_dir=str(d)), backend="jax"))
+        for i, (flags, _) in enumerate(BAD_VALUES):
+            run_dir = [] if any(f.startswith("--run_dir") for f in flags) else ["--run_dir={}"]
+            submit(f"bad/{i}", lambda d, args=(*run_dir, *flags): run_cli(
+                "--flagfile=configs/quickstart.flags", *(a.format(d) for a in args), timeout=120))
+        submit("steps_per_execution", lambda d: run_cli(
+            "--flagfile=configs/quickstart.flags", "--method=simclr", "--max_examples=512", "--steps_per_epoch=10",
+            "--steps_per_execution=4", f"--run_dir={d}", "--run_name=spe"))
+        submit("help/train", lambda d: run_help("uniclr_tf.train", "--help"))
+        submit("help/linear_eval", lambda d: run_help("uniclr_tf.linear_eval", "-h"))
+        yield jobs
+        for _, future in jobs.values():
+            future.cancel()
+
+
+def test_cli_trains_every_trick_and_reports_knn(cli):
+    tmp_path, proc = cli["every_trick"]
+    proc = proc.result()
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "cli"
     # TensorBoard: per-epoch scalars, and per-step ones at steps 2, 4 and 6 (of 2 epochs x 3 steps).
@@ -59,24 +115,11 @@ def test_cli_trains_every_trick_and_reports_knn(tmp_path):
     assert replayed.num_local_crops == 2 and replayed.options["ema_momentum"] == 0.99
 
 
-@pytest.mark.parametrize("flags,fragment", [
-    (["--batch_size=1"], "--batch_size"),
-    (["--method=simaffinity", "--ema_momentum=1.5"], "--ema_momentum"),
-    (["--projector_dims=64,abc"], "--projector_dims"),
-    (["--objective=nope"], "method"),
-    (["--dataset=nope"], "nope"),
-    (["--epochs=0"], "--epochs: expected an integer >= 1"),
-    (["--image_size=3"], "--image_size"),
-    (["--run_dir=/proc/uniclr-nope"], "--run_dir=/proc/uniclr-nope: cannot create"),
-    (["--method=simtrace", "--projector_dims=64,512", "--batch_size=16"], "--batch_size=16: simtrace whitens"),
-    (["--method=byol", "--gamma=0.1"], "--symmetric_loss_weight (alias --gamma) does not apply to --method=byol"),
-    (["--method=simclr", "--queue_size=64"], "--queue_size does not apply to --method=simclr"),
-    (["--method=byol", "--ema_momentum=0"], "--ema_momentum: byol needs an EMA target"),
-    (["--method=wmse", "--whitening_size=64", "--batch_size=96"], "--whitening_size=64 must divide"),
-])
-def test_cli_rejects_bad_values_with_a_clear_message(flags, fragment, tmp_path):
-    run_dir = [] if any(f.startswith("--run_dir") for f in flags) else [f"--run_dir={tmp_path}"]
-    proc = run_cli("--flagfile=configs/quickstart.flags", *run_dir, *flags, timeout=120)
+@pytest.mark.parametrize("case", range(len(BAD_VALUES)), ids=[" ".join(f) for f, _ in BAD_VALUES])
+def test_cli_rejects_bad_values_with_a_clear_message(case, cli):
+    fragment = BAD_VALUES[case][1]
+    tmp_path, proc = cli[f"bad/{case}"]
+    proc = proc.result()
     assert proc.returncode != 0
     tail = proc.stderr.strip().splitlines()[-2:]  # absl adds a "--helpshort" hint after its own errors
     assert any(fragment in line and ("error" in line.lower()) for line in tail), tail
@@ -126,27 +169,23 @@ print(json.dumps(metrics))
 """
 
 
-def test_train_runs_under_jax_without_tensorflow(tmp_path, run_python):
+def test_train_runs_under_jax_without_tensorflow(cli):
     """The GPU machine has JAX but no TensorFlow: in-memory data + device augmentation still train."""
-    metrics = run_python(NO_TF_RUN.format(run_dir=str(tmp_path)), backend="jax")
+    tmp_path, metrics = cli["no_tensorflow"]
+    metrics = metrics.result()
     assert 0.0 < metrics["knn_top1"] <= 1.0 and metrics["steps"] == 3
     assert (tmp_path / "notf" / "encoder.keras").exists()
 
 
-def test_help_lists_every_flag_by_group_with_its_default():
+def test_help_lists_every_flag_by_group_with_its_default(cli):
     """``--help`` (exit 0) groups every train flag (data, network, method, method options, views,
     optimisation, evaluation, system, this invocation) with its default; linear_eval lists its own."""
     import dataclasses
-    import subprocess
-    import sys
 
-    from tests.conftest import REPO_ROOT
     from uniclr_tf import methods
-    from uniclr_tf.config import TrainConfig
     from uniclr_tf.linear_eval import LinearEvalConfig
 
-    proc = subprocess.run([sys.executable, "-m", "uniclr_tf.train", "--help"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = cli["help/train"][1].result()
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     titles = ["\ndata:", "\nnetwork:", "\nmethod:", "\nmethod options", "\nviews", "\noptimisation:", "\nevaluation:",
@@ -161,19 +200,18 @@ def test_help_lists_every_flag_by_group_with_its_default():
     flat = " ".join(out.split())  # help text is wrapped
     assert "  --batch_size=512\n" in out and "Alias: --gamma" in flat and "Alias: --objective" in flat
     assert out.index("--knn_every=") > out.index("\nevaluation:") > out.index("--epochs=")
-    proc = subprocess.run([sys.executable, "-m", "uniclr_tf.linear_eval", "-h"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = cli["help/linear_eval"][1].result()
     assert proc.returncode == 0
     for field in dataclasses.fields(LinearEvalConfig):
         assert f"  --{field.name}=" in proc.stdout, field.name
 
 
-def test_steps_per_execution_must_divide_an_epoch(tmp_path):
+def test_steps_per_execution_must_divide_an_epoch(cli):
     """Keras runs whole blocks of --steps_per_execution steps, so 3 blocks of 4 for a 10-step epoch
     would train 12 steps an epoch (and the schedule and resume would count 10): refused, before any
     run folder exists."""
-    proc = run_cli("--flagfile=configs/quickstart.flags", "--method=simclr", "--max_examples=512",
-                   "--steps_per_epoch=10", "--steps_per_execution=4", f"--run_dir={tmp_path}", "--run_name=spe")
+    tmp_path, proc = cli["steps_per_execution"]
+    proc = proc.result()
     assert proc.returncode != 0
     assert "--steps_per_execution=4 must divide the 10 steps of an epoch" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "spe").exists()
