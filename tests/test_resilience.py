@@ -4,6 +4,7 @@ Every test drives the real train CLI in a subprocess on a slice of Fashion-MNIST
 encoder, and checks what a user would find in the run folder afterwards.
 """
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -62,17 +63,61 @@ def strict_json(path):
     return json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{path} holds {c}"))
 
 
-def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
+# The runs that need no timing (no signal or kill while they run), started together by the ``runs``
+# fixture at the module's first test, two at a time (each is mostly one core: an import, tracing,
+# compiling), and awaited by their tests: 95 s of runs in ~55 s on the 2-core machine.
+INTERRUPTED = [*TINY, "--method=byol", "--augment_on=device", "--epochs=3", "--steps_per_epoch=3", "--knn_every=0"]
+
+
+def interrupted_chain(run_dir):
+    """The interrupted run: stopped at step 5, resumed, then rerun once finished."""
+    args = [*INTERRUPTED, f"--run_dir={run_dir}", "--run_name=cut"]
+    first = run_cli(*args, "--stop_after_steps=5", backend="jax")
+    if first.returncode != 75:
+        return first, None, None
+    second = run_cli(*args, backend="jax")
+    return first, second, run_cli(*args, backend="jax") if second.returncode == 0 else None
+
+
+def diverging(run_dir, method):
+    return run_cli(*TINY, f"--method={method}", "--base_learning_rate=1e6", "--epochs=3", "--steps_per_epoch=3",
+                   "--knn_every=0", f"--run_dir={run_dir}", "--run_name=d")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``(run_dir, future)`` by name; the run folders are ``run_dir/<run_name>`` (the whole and the
+    interrupted run share theirs)."""
+    tasks = {  # name: (run_dir, task(run_dir))
+        "interrupted_cut": ("interrupted", interrupted_chain),
+        "interrupted_whole": ("interrupted", lambda d: run_cli(*INTERRUPTED, f"--run_dir={d}", "--run_name=whole",
+                                                               backend="jax")),
+        "diverged_simaffinity": ("simaffinity", lambda d: diverging(d, "simaffinity")),
+        "diverged_simtrace": ("simtrace", lambda d: diverging(d, "simtrace")),
+        "full_disk": ("full_disk", full_disk),
+        "one_line_log": ("one_line_log", lambda d: run_cli(*TINY, "--method=vicreg", "--epochs=2", "--steps_per_epoch=3",
+                                                           "--knn_every=1", f"--run_dir={d}", "--run_name=v")),
+    }
+    root = tmp_path_factory.mktemp("resilience")
+    jobs = {}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for name, (folder, task) in tasks.items():
+            (root / folder).mkdir(exist_ok=True)
+            jobs[name] = root / folder, pool.submit(task, root / folder)
+        yield jobs
+        for _, future in jobs.values():
+            future.cancel()
+
+
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(runs):
     """JAX, device augmentation (its random state is a model variable): stopped mid-epoch 2 at step 5,
     resumed with the same command, the run ends with the uninterrupted run's weights."""
-    args = [*TINY, "--method=byol", "--augment_on=device", "--epochs=3", "--steps_per_epoch=3", "--knn_every=0",
-            f"--run_dir={tmp_path}"]
-    whole = run_cli(*args, "--run_name=whole", backend="jax")
+    tmp_path, whole = runs["interrupted_whole"]
+    first, second, again = runs["interrupted_cut"][1].result()
+    whole = whole.result()
     assert whole.returncode == 0, whole.stderr[-3000:]
-    first = run_cli(*args, "--run_name=cut", "--stop_after_steps=5", backend="jax")
     assert first.returncode == 75, first.stderr[-3000:]
     assert "stopped at epoch 2, step 5" in first.stdout and "Rerun the same command to resume" in first.stdout
-    second = run_cli(*args, "--run_name=cut", backend="jax")
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming at epoch 2, step 5" in second.stdout
     a, b = h5_arrays(tmp_path / "whole" / "model.weights.h5"), h5_arrays(tmp_path / "cut" / "model.weights.h5")
@@ -86,7 +131,6 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path):
     np.testing.assert_allclose(history_b[2]["loss"], history_a[2]["loss"], rtol=1e-4)  # epoch 3: all after it
     assert strict_json(tmp_path / "cut" / "metrics.json")["steps"] == 9
     # Rerunning a finished run trains nothing and exits 0.
-    again = run_cli(*args, "--run_name=cut", backend="jax")
     assert again.returncode == 0 and "already finished" in again.stdout
 
 
@@ -152,9 +196,9 @@ def test_a_signal_saves_a_backup_and_the_folder_stays_usable(sig, code, tmp_path
 
 
 @pytest.mark.parametrize("method", ["simaffinity", "simtrace"])
-def test_divergence_stops_with_one_line_and_keeps_the_last_finite_backup(method, tmp_path):
-    proc = run_cli(*TINY, f"--method={method}", "--base_learning_rate=1e6", "--epochs=3", "--steps_per_epoch=3",
-                   "--knn_every=0", f"--run_dir={tmp_path}", "--run_name=d")
+def test_divergence_stops_with_one_line_and_keeps_the_last_finite_backup(method, runs):
+    tmp_path, proc = runs[f"diverged_{method}"]
+    proc = proc.result()
     assert proc.returncode == 1, proc.stdout[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: training diverged at epoch ") and "non-finite" in last, last
@@ -187,12 +231,17 @@ app.run(train.main)
 """
 
 
-def test_a_full_disk_ends_the_run_with_one_line_and_the_backup_intact(tmp_path):
-    args = [*TINY, "--method=simclr", "--epochs=2", "--steps_per_epoch=2", "--knn_every=0", f"--run_dir={tmp_path}",
+def full_disk(run_dir):
+    args = [*TINY, "--method=simclr", "--epochs=2", "--steps_per_epoch=2", "--knn_every=0", f"--run_dir={run_dir}",
             "--run_name=f"]
     cmd, env = cli(*args)
-    proc = subprocess.run([sys.executable, "-c", FULL_DISK, *args], cwd=REPO_ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-c", FULL_DISK, *args], cwd=REPO_ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
+
+
+def test_a_full_disk_ends_the_run_with_one_line_and_the_backup_intact(runs):
+    tmp_path, proc = runs["full_disk"]
+    proc = proc.result()
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: could not write") and "No space left on device" in last, last
@@ -206,9 +255,9 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_backup_intact(tmp_path):
     assert not [p for p in run.rglob("*") if ".tmp" in p.name]
 
 
-def test_log_is_one_line_per_epoch_off_a_terminal(tmp_path):
-    proc = run_cli(*TINY, "--method=vicreg", "--epochs=2", "--steps_per_epoch=3", "--knn_every=1",
-                   f"--run_dir={tmp_path}", "--run_name=v")
+def test_log_is_one_line_per_epoch_off_a_terminal(runs):
+    tmp_path, proc = runs["one_line_log"]
+    proc = proc.result()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "\x1b[" not in proc.stdout and "━" not in proc.stdout
     epochs = [l for l in proc.stdout.splitlines() if l.startswith("3/3 - ")]
