@@ -6,6 +6,7 @@ Folders are written with PIL into ``tmp_path`` (helpers of ``tests/test_data.py`
 ``max_in_memory_mb=0`` makes a small folder stream.
 """
 
+import concurrent.futures
 import io
 import json
 import os
@@ -342,18 +343,50 @@ def test_tfrecord_bad_record_is_named(tmp_path, monkeypatch):
     assert info.skipped_while_streaming() == (f"{path} record 5", "broken.png")
 
 
-def test_train_cli_on_tfrecords_end_to_end(tmp_path):
-    """folder -> folder_to_tfrecord (its CLI) -> ``python -m uniclr_tf.train --dataset=tfrecord:...``."""
+def tfrecord_cli_runs(tmp_path):
+    """folder_to_tfrecord's CLI on a folder, then the train CLI on its output (if it worked)."""
     root = make_class_folder(tmp_path / "pets", per_class=20, size=(16, 16))
     tool = subprocess.run([sys.executable, "-m", "uniclr_tf.tools.folder_to_tfrecord", f"--folder={root}",
                            f"--out={tmp_path}/records/pets", "--shards=2"], cwd=REPO_ROOT, env=CLI_ENV,
                           capture_output=True, text=True, timeout=300)
+    if tool.returncode != 0:
+        return tool, None
+    spec = tool.stdout.strip().splitlines()[-1].split("--dataset=")[1]
+    return tool, subprocess.run([sys.executable, "-m", "uniclr_tf.train", f"--dataset={spec}", *TINY, "--knn_every=0",
+                                 "--nopictures", f"--run_dir={tmp_path}/runs", "--run_name=tfr"], cwd=REPO_ROOT,
+                                env=CLI_ENV, capture_output=True, text=True, timeout=600)
+
+
+def streamed_cli_run(tmp_path):
+    train = make_class_folder(tmp_path / "train", per_class=20, size=(16, 16))
+    test = make_class_folder(tmp_path / "test", per_class=4, size=(16, 16))
+    return subprocess.run([sys.executable, "-m", "uniclr_tf.train", f"--dataset=folder:{train}",
+                           f"--eval_dataset=folder:{test}", "--max_in_memory_mb=0", *TINY, "--knn_every=1",
+                           f"--run_dir={tmp_path}/runs", "--run_name=streamed"], cwd=REPO_ROOT, env=CLI_ENV,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def cli_runs(tmp_path_factory):
+    """The two train CLI tests' subprocesses, at the same time (each mostly one core): ``(folder,
+    future)`` by name (36 s -> 20 s on the 2-core machine)."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        jobs = {}
+        for name, task in (("tfrecords", tfrecord_cli_runs), ("streamed", streamed_cli_run)):
+            folder = tmp_path_factory.mktemp(name)
+            jobs[name] = folder, pool.submit(task, folder)
+        yield jobs
+        for _, future in jobs.values():
+            future.cancel()
+
+
+def test_train_cli_on_tfrecords_end_to_end(cli_runs):
+    """folder -> folder_to_tfrecord (its CLI) -> ``python -m uniclr_tf.train --dataset=tfrecord:...``."""
+    tmp_path, runs = cli_runs["tfrecords"]
+    tool, proc = runs.result()
     assert tool.returncode == 0, tool.stderr[-3000:]
     spec = tool.stdout.strip().splitlines()[-1].split("--dataset=")[1]
     assert spec == f"tfrecord:{tmp_path}/records/pets-train-*.tfrecord,{tmp_path}/records/pets-test-*.tfrecord"
-    proc = subprocess.run([sys.executable, "-m", "uniclr_tf.train", f"--dataset={spec}", *TINY, "--knn_every=0",
-                           "--nopictures", f"--run_dir={tmp_path}/runs", "--run_name=tfr"], cwd=REPO_ROOT,
-                          env=CLI_ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = json.loads((tmp_path / "runs" / "tfr" / "metrics.json").read_text())
     assert metrics["status"] == "finished" and metrics["steps"] == 2
@@ -362,15 +395,12 @@ def test_train_cli_on_tfrecords_end_to_end(tmp_path):
     assert dataset["streamed"] and dataset["num_classes"] == 3 and dataset["image_shape"] == [16, 16, 3]
 
 
-def test_train_cli_streams_a_folder_with_eval_dataset(tmp_path):
+def test_train_cli_streams_a_folder_with_eval_dataset(cli_runs):
     """``folder:TRAIN --eval_dataset=folder:TEST``, streamed: the notes at start, the kNN monitor,
     the final kNN and the pictures read the streams."""
-    train = make_class_folder(tmp_path / "train", per_class=20, size=(16, 16))
-    test = make_class_folder(tmp_path / "test", per_class=4, size=(16, 16))
-    proc = subprocess.run([sys.executable, "-m", "uniclr_tf.train", f"--dataset=folder:{train}",
-                           f"--eval_dataset=folder:{test}", "--max_in_memory_mb=0", *TINY, "--knn_every=1",
-                           f"--run_dir={tmp_path}/runs", "--run_name=streamed"], cwd=REPO_ROOT, env=CLI_ENV,
-                          capture_output=True, text=True, timeout=600)
+    tmp_path, proc = cli_runs["streamed"]
+    proc = proc.result()
+    train, test = tmp_path / "train", tmp_path / "test"
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"folder:{train}: 60 images, 0 MB decoded > 0 MB (max_in_memory_mb): streamed" in proc.stdout
     assert f"folder:{train}: test split from folder:{test} (12 images)" in proc.stdout
