@@ -1,6 +1,7 @@
 """--batch_norm=per_device: GroupBatchNormalization (per-group statistics) and what it removes
 from a data-parallel step (the batch-norm all-reduces), against a float64 reference."""
 
+import concurrent.futures
 import json
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def collectives(tmp_path, batch_norm):
         [sys.executable, "-m", "benchmarks.spmd_collectives", "--devices=2", f"--out={out}", "--",
          "--flagfile=configs/quickstart.flags", "--method=simaffinity", "--encoder=tiny", "--encoder_width=8",
          "--projector_dims=64,32", "--batch_size=32", "--max_examples=256", f"--batch_norm={batch_norm}",
-         f"--run_dir={tmp_path}"],
+         f"--run_dir={tmp_path / batch_norm}"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
         env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -84,7 +85,7 @@ def test_per_device_batch_norm_removes_the_bn_all_reduces(tmp_path):
     layer's statistics forward and its sums backward (25 all-reduces here: tiny encoder 3 + projector
     2 BN layers), per-device BN none of them — the moving statistics' means ride in the gradient
     all-reduce (5 here)."""
-    global_bn = collectives(tmp_path, "global")
-    per_device = collectives(tmp_path, "per_device")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # at the same time (one core each): 28 s -> 17 s
+        global_bn, per_device = pool.map(lambda bn: collectives(tmp_path, bn), ("global", "per_device"))
     assert global_bn["all-reduce"] >= per_device["all-reduce"] + 10, (global_bn, per_device)
     assert per_device["all-reduce"] <= 6, per_device

@@ -2,6 +2,7 @@
 the CLI's flags and --help, the model and results it writes (encoder.keras untouched), an accuracy
 above chance, the labelled subset under JAX, and one-line errors."""
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -37,7 +38,29 @@ def sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_flags_defaults_and_grouped_help():
+@pytest.fixture(scope="module")
+def subprocesses(tiny_run, stripes_folder, tmp_path_factory):
+    """The module's CLI subprocesses, started at its first test, two at a time (each mostly one
+    core), each awaited by its test: ``(what it needs, future)`` by name."""
+    spec = f"folder:{stripes_folder}"
+    out = tmp_path_factory.mktemp("label_fraction") / "ft.json"
+    missing = tmp_path_factory.mktemp("no_folder") / "missing"
+    rgb = f"--dataset=folder:{write_stripes_folder(tmp_path_factory.mktemp('rgb') / 'rgb', 2, 1, channels=3)}"
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        jobs = {
+            "label_fraction": (out, pool.submit(run_module, f"--run_dir={tiny_run}", f"--dataset={spec}",
+                                                "--label_fraction=0.25", "--seed=3", "--epochs=1", "--batch_size=50",
+                                                "--noaugment", f"--out={out}", backend="jax")),
+            "help": (None, pool.submit(run_module, "--help", timeout=120)),
+            "no_folder": ((missing, []), pool.submit(run_module, f"--run_dir={missing}", timeout=120)),
+            "rgb_dataset": ((tiny_run, [rgb]), pool.submit(run_module, f"--run_dir={tiny_run}", rgb, timeout=120)),
+        }
+        yield jobs
+        for _, future in jobs.values():
+            future.cancel()
+
+
+def test_flags_defaults_and_grouped_help(subprocesses):
     cfg = parse_cli("--run_dir=r", "--label_fraction=0.01", "--crop_scale=0.08,1", "--nonesterov")
     assert cfg == ft.FinetuneConfig(run_dir="r", label_fraction=0.01, crop_scale=(0.08, 1.0), nesterov=False)
     default = ft.FinetuneConfig(run_dir="r")  # SimCLR's recipe
@@ -48,7 +71,7 @@ def test_flags_defaults_and_grouped_help():
                       (dict(run_dir=""), "--run_dir")):
         with pytest.raises(ValueError, match=flag):
             ft.FinetuneConfig(**{"run_dir": "r", **bad})
-    proc = run_module("--help", timeout=120)
+    proc = subprocesses["help"][1].result()
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     positions = [out.find(t) for t in ("\nprotocol (what is evaluated):", "\nfine-tuning recipe:", "\noutput:")]
@@ -90,11 +113,10 @@ def test_finetune_writes_model_and_results_beats_chance_and_keeps_the_encoder(ti
     assert model.predict_on_batch(images).shape == (3, 4)
 
 
-def test_label_fraction_under_jax_uses_the_documented_subset(tiny_run, stripes_folder, tmp_path):
+def test_label_fraction_under_jax_uses_the_documented_subset(tiny_run, stripes_folder, subprocesses):
     spec = f"folder:{stripes_folder}"
-    out = tmp_path / "ft.json"
-    proc = run_module(f"--run_dir={tiny_run}", f"--dataset={spec}", "--label_fraction=0.25", "--seed=3",
-                      "--epochs=1", "--batch_size=50", "--noaugment", f"--out={out}", backend="jax")
+    out, proc = subprocesses["label_fraction"]
+    proc = proc.result()
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.strip().splitlines()[-1].startswith("finetune top-1 ")
     section = json.loads(out.read_text())[f"finetune[{spec}, labels=25%, seed=3]"]
@@ -108,12 +130,9 @@ def test_label_fraction_under_jax_uses_the_documented_subset(tiny_run, stripes_f
 
 
 @pytest.mark.parametrize("what", ["no_folder", "rgb_dataset"])
-def test_bad_run_folder_or_dataset_exits_with_one_line(what, tiny_run, tmp_path):
-    if what == "no_folder":
-        target, args = tmp_path / "missing", []
-    else:
-        target, args = tiny_run, [f"--dataset=folder:{write_stripes_folder(tmp_path / 'rgb', 2, 1, channels=3)}"]
-    proc = run_module(f"--run_dir={target}", *args, timeout=120)
+def test_bad_run_folder_or_dataset_exits_with_one_line(what, subprocesses):
+    (target, args), proc = subprocesses[what]
+    proc = proc.result()
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("error: "), proc.stderr[-2000:]
