@@ -95,8 +95,9 @@ def runs(tmp_path_factory):
         "diverged_simaffinity": ("simaffinity", lambda d: diverging(d, "simaffinity")),
         "diverged_simtrace": ("simtrace", lambda d: diverging(d, "simtrace")),
         "full_disk": ("full_disk", full_disk),
-        "one_line_log": ("one_line_log", lambda d: run_cli(*TINY, "--method=vicreg", "--epochs=2", "--steps_per_epoch=3",
-                                                           "--knn_every=1", f"--run_dir={d}", "--run_name=v")),
+        "one_line_log": ("one_line_log", lambda d: run_cli(*TINY, "--method=vicreg", "--epochs=2",
+                                                           "--steps_per_epoch=3", "--knn_every=1", f"--run_dir={d}",
+                                                           "--run_name=v")),
     }
     root = tmp_path_factory.mktemp("resilience")
     jobs = {}
