@@ -14,7 +14,7 @@ continues on the next::
 Each run is ``python -m uniclr_tf.train RUN_FLAGFILES COMMON RUN_FLAGS --run_dir=RUNS_DIR
 --run_name=NAME --verbose=2 --nopictures`` (later flags win: a run's ``--flagfile=`` goes first, so
 the common flags override the flagfile, and the run's other flags override both), in its own process, with ``CUDA_VISIBLE_DEVICES`` set to one of ``--gpus`` (``cpu``:
-no GPU). As many runs go at once as GPUs are named. The train CLI itself makes the study resumable:
+no GPU). As many runs go at once as GPUs are named, times ``--per_gpu``. The train CLI itself makes the study resumable:
 a run folder that exists continues from its last backup, a finished one exits at once, and a folder
 whose flags differ is refused (its error ends in the run's log). So rerunning the same command
 after a time limit or a kill continues every unfinished run, on the same machine (``--runs_dir`` must
@@ -34,6 +34,7 @@ the end, wall-clock and training images/s (epochs 2.., kNN excluded), for every 
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -92,11 +93,14 @@ def _flag(flags, name, default=None):
     return value
 
 
-def summarise(out, runs):
-    """One row per run of the plan from what ``out/NAME/`` holds."""
+def summarise(out, runs, also=()):
+    """One row per run of the plan from what ``out/NAME/`` holds (else the first ``also/NAME/`` that exists)."""
     rows = []
     for name, flags in runs:
         folder = os.path.join(out, name)
+        for other in also:
+            if not os.path.isdir(folder) and os.path.isdir(os.path.join(other, name)):
+                folder = os.path.join(other, name)
         history = _history(folder)
         metrics = _json(os.path.join(folder, "metrics.json")) or {}
         linear = _json(os.path.join(folder, "linear_eval.json")) or {}
@@ -133,6 +137,47 @@ def markdown(rows):
     return "\n".join(lines)
 
 
+SEED_SUFFIX = re.compile(r"-s[0-9]+$")
+AGGREGATED = [f"knn@{m}" for m in EPOCH_MARKS] + ["knn_final", "linear_top1", "embedding_std_final",
+                                                    "images_per_second"]
+
+
+def aggregate(rows):
+    """Mean and sample std over the seeds of a configuration: runs ``NAME``, ``NAME-s1``, ``NAME-s2``...
+
+    Only runs that finished count; ``seeds`` is how many did."""
+    groups = {}
+    for row in rows:
+        if row["status"] == "finished":
+            groups.setdefault(SEED_SUFFIX.sub("", row["name"]), []).append(row)
+    out = []
+    for name, members in groups.items():
+        entry = {"name": name, "seeds": len(members), "runs": [r["name"] for r in members]}
+        for column in AGGREGATED:
+            values = [r[column] for r in members if r.get(column) is not None]
+            if values:
+                mean = sum(values) / len(values)
+                std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else None
+                entry[column] = {"mean": mean, "std": std, "n": len(values)}
+        out.append(entry)
+    return out
+
+
+def markdown_seeds(entries):
+    cols = [c for c in AGGREGATED if any(c in e for e in entries)]
+
+    def fmt(cell, column):
+        if cell is None:
+            return ""
+        digits = 0 if column == "images_per_second" else 4
+        text = f"{cell['mean']:.{digits}f}"
+        return text + (f" ± {cell['std']:.{digits}f}" if cell["std"] is not None else "") + f" ({cell['n']})"
+
+    lines = ["| name | seeds | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 2)]
+    lines += [f"| {e['name']} | {e['seeds']} | " + " | ".join(fmt(e.get(c), c) for c in cols) + " |" for e in entries]
+    return "\n".join(lines)
+
+
 def collect(run_folder, out_folder):
     os.makedirs(out_folder, exist_ok=True)
     for name in COPIED:
@@ -147,6 +192,9 @@ def main(argv=None):
     parser.add_argument("--plan", required=True)
     parser.add_argument("--out", required=True, help="results folder (copies, logs, summary)")
     parser.add_argument("--gpus", default="", help="comma-separated GPU ids, or 'cpu'; default: every GPU nvidia-smi lists")
+    parser.add_argument("--per_gpu", type=int, default=1,
+                        help="runs sharing each GPU at once (each gets 0.9/N of its memory through "
+                             "XLA_PYTHON_CLIENT_MEM_FRACTION; small models leave a GPU partly idle)")
     parser.add_argument("--runs_dir", default="/tmp/uniclr-study")
     parser.add_argument("--time_limit", type=float, default=0.0, help="seconds (0: none)")
     parser.add_argument("--min_start", type=float, default=60.0,
@@ -155,6 +203,10 @@ def main(argv=None):
     parser.add_argument("--linear_eval", default=None, help="flags of a linear evaluation after each run")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--summary_only", action="store_true")
+    parser.add_argument("--also", default="",
+                        help="comma-separated earlier OUT folders: a run missing from --out is read from there")
+    parser.add_argument("--seeds", action="store_true",
+                        help="also a table of mean +- std over seeds (runs NAME, NAME-s1, NAME-s2, ...)")
     parser.add_argument("--dry_run", action="store_true", help="print the commands only")
     args = parser.parse_args(argv)
 
@@ -168,10 +220,14 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     if not args.summary_only:
         run_all(args, common, runs)
-    rows = summarise(args.out, runs)
+    rows = summarise(args.out, runs, [d for d in args.also.split(",") if d])
     table = markdown(rows)
+    result = {"plan": os.path.relpath(args.plan, ROOT), "common": common, "rows": rows}
+    if args.seeds:
+        result["seeds"] = aggregate(rows)
+        table += "\n\nMean ± std over seeds (finished runs; the count in brackets):\n\n" + markdown_seeds(result["seeds"])
     with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump({"plan": os.path.relpath(args.plan, ROOT), "common": common, "rows": rows}, f, indent=1)
+        json.dump(result, f, indent=1)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(table + "\n")
     print(table, flush=True)
@@ -192,11 +248,17 @@ def run_all(args, common, runs):
     start = time.time()
     deadline = start + args.time_limit if args.time_limit else None
     queue = list(runs)
-    free, busy = _gpus(args.gpus), {}  # busy: gpu -> (name, process, phase, log file)
+    if args.per_gpu < 1:
+        raise SystemExit("--per_gpu must be >= 1")
+    # a slot is (gpu, k): per_gpu runs share each GPU
+    free, busy = [(g, k) for k in range(args.per_gpu) for g in _gpus(args.gpus)], {}  # busy: slot -> (...)
 
-    def launch(gpu, name, phase, command):
+    def launch(slot, name, phase, command):
+        gpu = slot[0]
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = "" if gpu == "cpu" else gpu
+        if args.per_gpu > 1 and gpu != "cpu":
+            env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / args.per_gpu:.2f}")
         folder = os.path.join(args.out, name)
         os.makedirs(folder, exist_ok=True)
         log = open(os.path.join(folder, f"{phase}.log"), "a")
@@ -205,9 +267,9 @@ def run_all(args, common, runs):
         print(f"[{time.time() - start:6.0f}s] gpu {gpu}: {phase} {name}", flush=True)
         if args.dry_run:
             print("   ", shlex.join(command))
-            free.append(gpu)
+            free.append(slot)
             return
-        busy[gpu] = (name, subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
+        busy[slot] = (name, subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
                      phase, log)
 
     def train_command(name, flags):
@@ -228,14 +290,15 @@ def run_all(args, common, runs):
         while free and queue and can_start:
             name, flags = queue.pop(0)
             launch(free.pop(0), name, "train", train_command(name, flags))
-        for gpu, (name, process, phase, log) in list(busy.items()):
+        for slot, (name, process, phase, log) in list(busy.items()):
+            gpu = slot[0]
             code = process.poll()
             if code is None:
                 if stopping and time.time() > deadline + 90:
                     process.kill()
                 continue
             log.close()
-            del busy[gpu]
+            del busy[slot]
             run_folder = os.path.join(args.runs_dir, name)
             collect(run_folder, os.path.join(args.out, name))
             exits_path = os.path.join(args.out, name, "exits.json")
@@ -245,10 +308,10 @@ def run_all(args, common, runs):
             if phase == "train" and code == 0 and args.linear_eval is not None and not stopping:
                 done = _json(os.path.join(run_folder, "linear_eval.json"))
                 if not done:
-                    launch(gpu, name, "linear_eval", [args.python, "-m", "uniclr_tf.linear_eval",
+                    launch(slot, name, "linear_eval", [args.python, "-m", "uniclr_tf.linear_eval",
                                                       f"--run_dir={run_folder}", *shlex.split(args.linear_eval)])
                     continue
-            free.append(gpu)
+            free.append(slot)
         if not can_start and not busy:
             break
         if busy:

@@ -57,3 +57,42 @@ def test_summary_reads_history_metrics_linear_and_exit_codes(tmp_path):
     assert rows[1]["status"] == "train exit 1" and rows[2]["status"] == "not started"
     table = study.markdown(rows)
     assert table.splitlines()[2].startswith("| done | 50 |") and "0.8250" in table
+
+
+def test_per_gpu_runs_share_a_gpu_at_once_with_a_memory_share(tmp_path):
+    """--per_gpu=2 on one GPU: two runs overlap in time, each told to take 0.45 of the GPU's memory."""
+    fake = tmp_path / "fake-python"  # stands in for the interpreter: records its env and a time span
+    fake.write_text("#!/bin/sh\nname=$(echo \"$@\" | sed 's/.*--run_name=\\([a-z]*\\).*/\\1/')\n"
+                    f"echo \"$CUDA_VISIBLE_DEVICES $XLA_PYTHON_CLIENT_MEM_FRACTION $(date +%s.%N)\" > {tmp_path}/$name.start\n"
+                    f"sleep 1.5; date +%s.%N > {tmp_path}/$name.end\n")
+    fake.chmod(0o755)
+    plan = write(tmp_path / "p.plan", "a --seed=1\nb --seed=2\nc --seed=3\n")
+    study.main([f"--plan={plan}", f"--out={tmp_path / 'out'}", "--gpus=0", "--per_gpu=2", f"--python={fake}",
+                f"--runs_dir={tmp_path / 'runs'}"])
+    spans = {}
+    for name in "abc":
+        gpu, fraction, start = (tmp_path / f"{name}.start").read_text().split()
+        assert (gpu, fraction) == ("0", "0.45")
+        spans[name] = (float(start), float((tmp_path / f"{name}.end").read_text()))
+    assert spans["b"][0] < spans["a"][1] and spans["a"][0] < spans["b"][1]  # a and b at once
+    assert spans["c"][0] >= min(spans["a"][1], spans["b"][1]) - 0.05  # c waits for a free slot
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [r["status"] for r in summary["rows"]] == ["not started"] * 3  # no run folder written: no history
+
+
+def test_seeds_aggregate_mean_and_sample_std_of_finished_runs(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    for folder, name, knn in ((old, "a", 0.80), (new, "a-s1", 0.82), (new, "a-s2", 0.84), (new, "b", 0.7)):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "history.json").write_text(json.dumps([{"epoch": 50, "knn_top1": knn}]))
+        (folder / name / "metrics.json").write_text(json.dumps({"status": "finished", "knn_top1": knn}))
+    (new / "a-s3").mkdir()  # started, never finished: not counted
+    (new / "a-s3" / "history.json").write_text(json.dumps([{"epoch": 1}]))
+    plan = write(tmp_path / "p.plan", "a --seed=0\na-s1 --seed=1\na-s2 --seed=2\na-s3 --seed=3\nb --x=1\n")
+    study.main([f"--plan={plan}", f"--out={new}", f"--also={old}", "--summary_only", "--seeds"])
+    entries = {e["name"]: e for e in json.loads((new / "summary.json").read_text())["seeds"]}
+    a = entries["a"]
+    assert a["seeds"] == 3 and a["runs"] == ["a", "a-s1", "a-s2"]  # seed 0 read from --also
+    assert a["knn@50"]["mean"] == pytest.approx(0.82) and a["knn@50"]["std"] == pytest.approx(0.02)
+    assert entries["b"]["knn_final"]["std"] is None and entries["b"]["seeds"] == 1
+    assert "0.8200 ± 0.0200 (3)" in (new / "summary.md").read_text()
