@@ -198,6 +198,11 @@ class RunFolder:
         self.require(name)
         import keras
 
+        # Registers the custom layers a run's models may hold (GroupBatchNormalization, saved by
+        # --batch_norm=per_device runs): without it their files do not load in a process that has not
+        # imported the module (export, linear_eval, release).
+        import uniclr_tf.encoders  # noqa: F401
+
         try:
             return keras.saving.load_model(self.file(name), compile=False)
         except Exception as e:  # a corrupt, truncated or foreign file: say which, in one line
