@@ -123,15 +123,16 @@ def find_saved_model(export_dir):
     return os.path.join(export_dir, str(max(versions)))
 
 
-def check_export_target(out_dir, version=None, overwrite=False, run_dir=None):
+def check_export_target(out_dir, version=None, overwrite=False, run_dir=None, what="export folder"):
     """The folder an export writes and replaces: ``out_dir``, or ``out_dir/<version>``.
 
     Raises ``ValueError`` (one line starting with ``--out=`` and naming the folder) when that folder
     exists and is not empty and ``overwrite`` is False, when it (or ``out_dir``) is not a folder, or
-    when it holds ``run_dir``. Changes nothing on disk.
+    when it holds ``run_dir``. Changes nothing on disk. ``what`` names the folder in the messages
+    (``uniclr_tf.tools.release`` checks its release folder with it).
     """
     if not out_dir:
-        raise ValueError("--out= names no folder; expected the export folder")
+        raise ValueError(f"--out= names no folder; expected the {what}")
     if version is not None and os.path.lexists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"--out={out_dir}: exists and is not a folder")
     target = out_dir if version is None else os.path.join(out_dir, str(version))
@@ -144,7 +145,7 @@ def check_export_target(out_dir, version=None, overwrite=False, run_dir=None):
             raise ValueError(f"--out={out_dir}: {target} exists and is not a folder; remove it or choose another --out")
         if os.listdir(target) and not overwrite:
             if version is None:
-                raise ValueError(f"--out={out_dir}: the export folder is not empty; pass --overwrite to replace "
+                raise ValueError(f"--out={out_dir}: the {what} is not empty; pass --overwrite to replace "
                                  f"it (everything in it is deleted) or choose another --out")
             raise ValueError(f"--out={out_dir}: its version folder {target} is not empty; pass --overwrite to "
                              f"replace that version (the other versions are kept) or choose another --version")
