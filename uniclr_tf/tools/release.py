@@ -169,7 +169,8 @@ def portable_backbone(encoder):
 
 def _custom_modules(model):
     """The uniclr_tf modules a model's layers come from (to import before loading it)."""
-    return sorted({type(layer).__module__ for layer in _layers(model) if type(layer).__module__.startswith("uniclr_tf")})
+    modules = {type(layer).__module__ for layer in _layers(model)}
+    return sorted(m for m in modules if m.split(".")[0] == "uniclr_tf")
 
 
 def check_images(image_shape, count=NUM_CHECK_IMAGES, seed=0):
@@ -246,7 +247,8 @@ def model_card(name, folder, metrics, config, linear, flags_text, backbone_info,
         lines.append(f"| weighted kNN on the backbone's test-split features (k={config.get('knn_k', 200)}, "
                      f"T={config.get('knn_temperature', 0.1)}{bank}{test}) | {_num(metrics['knn_top1'])} |")
     if metrics.get("raw_pixel_knn_top1") is not None:
-        lines.append(f"| raw-pixel kNN baseline (same protocol on the pixels) | {_num(metrics['raw_pixel_knn_top1'])} |")
+        lines.append(f"| raw-pixel kNN baseline (same protocol on the pixels) | "
+                     f"{_num(metrics['raw_pixel_knn_top1'])} |")
     for key, section in (linear or {}).items():
         if isinstance(section, dict) and "top1" in section and key.startswith(("linear[", "knn[")):
             settings = section.get("settings") or {}
@@ -261,7 +263,8 @@ def model_card(name, folder, metrics, config, linear, flags_text, backbone_info,
               f"- encoder: `{encoder}`; projector {config.get('projector_dims', 'n/a')}",
               f"- epochs: {epochs}" + (f" ({metrics['steps']} steps)" if metrics.get("steps") else ""),
               f"- batch size: {config.get('batch_size', 'n/a')}",
-              f"- optimizer: {config.get('optimizer', 'n/a')}, base learning rate {config.get('base_learning_rate', 'n/a')}, "
+              f"- optimizer: {config.get('optimizer', 'n/a')}, "
+              f"base learning rate {config.get('base_learning_rate', 'n/a')}, "
               f"weight decay {config.get('weight_decay', 'n/a')}, precision {config.get('precision', 'n/a')}",
               f"- final loss: {_num(metrics.get('final_loss'))}"]
     command, flag_lines = _train_command(flags_text, config)
