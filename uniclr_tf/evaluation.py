@@ -6,9 +6,14 @@ NumPy data works on a JAX-only machine; a ``tf.data`` dataset is only iterated, 
 and only its features are kept (a streamed split's images never sit in memory together).
 """
 
+import functools
+
 import numpy as np
 
 from uniclr_tf import knn
+
+#: Test rows scored per chunk by the kNN of device features (``[chunk, N_train]`` similarities at once).
+KNN_CHUNK = 1024
 
 #: Streamed data: the raw-pixel kNN baseline's memory bank holds at most this many MB of pixels.
 RAW_PIXEL_BANK_MB = 256
@@ -68,7 +73,9 @@ def extract_features(encoder, preprocess, source, batch_size=512):
         raise ValueError(f"batch_size must be >= 1; received {batch_size}")
     features, labels = [], []
     has_labels = None
-    full = None  # the first batch's size: a smaller last batch is padded to it (one compiled shape)
+    # A smaller (last) batch is padded to batch_size (in-memory data: the memory bank and the test
+    # split then share one compiled shape, even when smaller than a batch) or to the first batch's size.
+    full = int(batch_size) if _is_in_memory(source) else None
     for x, y in _batches(source, int(batch_size)):
         n = len(x)
         if n == 0:
@@ -77,7 +84,7 @@ def extract_features(encoder, preprocess, source, batch_size=512):
         if n < full:
             x = np.concatenate([x, np.repeat(np.asarray(x[-1:]), full - n, axis=0)])
         if preprocess is not None:
-            x = preprocess(x)
+            x = _compiled_preprocess(preprocess)(x)
         out = np.asarray(encoder.predict_on_batch(x), dtype=np.float32)[:n]
         features.append(out.reshape(n, -1))
         if has_labels is None:
@@ -91,6 +98,21 @@ def extract_features(encoder, preprocess, source, batch_size=512):
     return np.concatenate(features), (np.concatenate(labels) if has_labels else None)
 
 
+def _compiled_preprocess(preprocess):
+    """A Keras layer ``preprocess`` as one compiled program (JAX; kept on the layer), else as it is."""
+    import keras
+    if not isinstance(preprocess, keras.layers.Layer):
+        return preprocess
+    cache = preprocess.__dict__.setdefault("_uniclr_compiled", {})
+    if "call" not in cache:
+        from uniclr_tf.tensors import compiled
+
+        def preprocess_batch(x):
+            return preprocess(x)
+        cache["call"] = compiled(preprocess_batch)
+    return cache["call"]
+
+
 def _features_stay_on_device(source):
     """The JAX fast path: in-memory data, one process's devices, no ``keras.distribution`` set."""
     import keras
@@ -98,10 +120,9 @@ def _features_stay_on_device(source):
             and keras.distribution.distribution() is None)
 
 
-def device_features(encoder, preprocess, images, batch_size=512):
-    """Backbone features of in-memory ``images`` as one float32 array left on the device (JAX):
-    one compiled call per batch (``preprocess`` and the encoder in inference mode), no host round
-    trip per batch; the last batch is padded to ``batch_size`` (one compiled shape)."""
+def _device_feature_batches(encoder, preprocess, images, batch_size=512):
+    """:func:`device_features`' batches, left as they come: a list of ``[size, F]`` float32 device
+    arrays, the last one padded (one shape), and the number of real rows."""
     import jax
     import jax.numpy as jnp
     key = ("uniclr_features", id(preprocess))
@@ -116,23 +137,44 @@ def device_features(encoder, preprocess, images, batch_size=512):
     trainable = [v.value for v in encoder.trainable_variables]
     non_trainable = [v.value for v in encoder.non_trainable_variables]
     outs = []
-    size = min(int(batch_size), len(images))
+    size = int(batch_size)  # a split smaller than a batch is padded too: one shape for every split
     for start in range(0, len(images), size):
         x = np.asarray(images[start:start + size])
         n = len(x)
         if n < size:
             x = np.concatenate([x, np.repeat(x[-1:], size - n, axis=0)])
-        out = fn(trainable, non_trainable, x)
-        outs.append(out if n == size else out[:n])
-    return jnp.concatenate(outs, axis=0)
+        outs.append(fn(trainable, non_trainable, x))
+    return outs, len(images)
 
 
-def effective_rank(features):
-    """Effective rank (Roy & Vetterli, 2007) of ``features [N, F]``: ``exp(H(p))`` with ``p`` the
-    singular values of the centred features divided by their sum, ``H`` the Shannon entropy. It
-    runs from 1 (every feature on one line: a collapsed representation) to ``min(N, F)`` (all
-    directions used equally). Computed with ``keras.ops`` from the ``F × F`` covariance's
-    eigenvalues, in float32 on the backend's device (features may be a device array)."""
+def _stack(batches, n):
+    """The first ``n`` rows of the batches, concatenated (inside a compiled program)."""
+    from keras import ops
+    x = batches[0] if len(batches) == 1 else ops.concatenate(list(batches), axis=0)
+    return x if int(x.shape[0]) == n else x[:n]
+
+
+@functools.lru_cache(maxsize=None)
+def _stack_program(n):
+    from uniclr_tf.tensors import compiled
+
+    def stack_features(batches):
+        return _stack(batches, n)
+    return compiled(stack_features)
+
+
+def device_features(encoder, preprocess, images, batch_size=512):
+    """Backbone features of in-memory ``images`` as one float32 array left on the device (JAX):
+    one compiled call per batch (``preprocess`` and the encoder in inference mode), no host round
+    trip per batch; the last batch is padded to ``batch_size`` (one compiled shape, whatever the
+    number of images), and the batches are joined by one compiled call."""
+    batches, n = _device_feature_batches(encoder, preprocess, images, batch_size)
+    return _stack_program(n)(tuple(batches))
+
+
+def effective_rank_tensor(features):
+    """:func:`effective_rank` in ``keras.ops``, as a float32 scalar tensor (traceable, for use
+    inside a compiled program)."""
     from keras import ops
 
     x = ops.cast(ops.convert_to_tensor(features), "float32")
@@ -142,7 +184,37 @@ def effective_rank(features):
     total = ops.sum(singular)
     p = singular / ops.maximum(total, 1e-30)
     entropy = -ops.sum(ops.where(p > 0, p * ops.log(ops.maximum(p, 1e-30)), 0.0))
-    return float(ops.convert_to_numpy(ops.where(total > 0, ops.exp(entropy), 0.0)))
+    return ops.where(total > 0, ops.exp(entropy), 0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _effective_rank_program():
+    from uniclr_tf.tensors import compiled
+    return compiled(effective_rank_tensor)
+
+
+def effective_rank(features):
+    """Effective rank (Roy & Vetterli, 2007) of ``features [N, F]``: ``exp(H(p))`` with ``p`` the
+    singular values of the centred features divided by their sum, ``H`` the Shannon entropy. It
+    runs from 1 (every feature on one line: a collapsed representation) to ``min(N, F)`` (all
+    directions used equally). Computed with ``keras.ops`` from the ``F × F`` covariance's
+    eigenvalues, in float32 on the backend's device (features may be a device array); on JAX one
+    compiled program per shape."""
+    from keras import ops
+    return float(ops.convert_to_numpy(_effective_rank_program()(features)))
+
+
+@functools.lru_cache(maxsize=None)
+def _device_knn_program(n_train, n_test, num_classes, k, temperature, chunk_size, with_rank):
+    """The kNN monitor's maths after the features, as one compiled program (JAX): the feature
+    batches joined, the kNN scores (:func:`uniclr_tf.knn.knn_scores`) and the effective rank."""
+    from uniclr_tf.tensors import compiled
+
+    def knn_eval_device(train_batches, train_labels, test_batches):
+        train, test = _stack(train_batches, n_train), _stack(test_batches, n_test)
+        scores = knn.knn_scores(train, train_labels, test, num_classes, k, temperature, chunk_size)
+        return scores, (effective_rank_tensor(test) if with_rank else None)
+    return compiled(knn_eval_device)
 
 
 def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0.1, batch_size=512,
@@ -153,20 +225,27 @@ def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0
     ``(images, labels)`` iterables (see :func:`extract_features`). Returns ``{"top1", "top5"}``,
     fractions in [0, 1], and with ``with_rank`` the :func:`effective_rank` of the test features
     (``"effective_rank"``). The similarities and top-k run on the backend's device (``keras.ops``); on
-    JAX with in-memory data the features never leave the device (:func:`device_features`).
+    JAX with in-memory data the features never leave the device (:func:`device_features`) and
+    everything after them is one compiled program (:func:`_device_knn_program`).
     """
     if _features_stay_on_device(train) and _features_stay_on_device(test):
-        train_f = device_features(encoder, preprocess, train[0], batch_size)
-        test_f = device_features(encoder, preprocess, test[0], batch_size)
-        scores = knn.knn_predict_tensors(train_f, train[1], test_f, num_classes, k, temperature)
-        acc = knn.topk_accuracy(scores, test[1], (1, 5))
-    else:
-        train_f, train_y = extract_features(encoder, preprocess, train, batch_size)
-        test_f, test_y = extract_features(encoder, preprocess, test, batch_size)
-        if train_y is None or test_y is None:
-            raise ValueError("kNN evaluation needs labels for the train (memory bank) and test data")
-        acc = knn.knn_accuracy(train_f, train_y, test_f, test_y, num_classes, k, temperature, topk=(1, 5),
-                               device=True)
+        from keras import ops
+        train_b, n_train = _device_feature_batches(encoder, preprocess, train[0], batch_size)
+        test_b, n_test = _device_feature_batches(encoder, preprocess, test[0], batch_size)
+        labels = knn._bank_labels(train[1], n_train, num_classes).astype(np.int32)
+        program = _device_knn_program(n_train, n_test, int(num_classes), min(int(k), n_train), float(temperature),
+                                      KNN_CHUNK, bool(with_rank))
+        scores, rank = program(tuple(train_b), labels, tuple(test_b))
+        acc = knn.topk_accuracy(np.asarray(ops.convert_to_numpy(scores), np.float32)[:n_test], test[1], (1, 5))
+        if with_rank:
+            acc["effective_rank"] = float(ops.convert_to_numpy(rank))
+        return acc
+    train_f, train_y = extract_features(encoder, preprocess, train, batch_size)
+    test_f, test_y = extract_features(encoder, preprocess, test, batch_size)
+    if train_y is None or test_y is None:
+        raise ValueError("kNN evaluation needs labels for the train (memory bank) and test data")
+    acc = knn.knn_accuracy(train_f, train_y, test_f, test_y, num_classes, k, temperature, topk=(1, 5),
+                           device=True)
     if with_rank:
         acc["effective_rank"] = effective_rank(test_f)
     return acc

@@ -7,6 +7,8 @@ monitor of self-supervised features (Wu et al. 2018 and most re-implementations)
 test set so 60k×10k similarities never sit in memory at once.
 """
 
+import functools
+
 import numpy as np
 
 
@@ -25,17 +27,32 @@ def _top_k_numpy(train):
 
 def _top_k_keras(train):
     """Similarities and their top-k on the Keras backend's device (GPU/TPU): only ``[chunk, k]``
-    values and indices come back to the host, not the ``[chunk, N_train]`` similarities."""
+    values and indices come back to the host, not the ``[chunk, N_train]`` similarities. On JAX
+    the matmul and the top-k are one compiled program (:func:`_similarity_top_k`)."""
     from keras import ops
-    bank = ops.convert_to_tensor(train)
+
+    from uniclr_tf.tensors import to_device
+    bank = to_device(train)
 
     def top_k(test_chunk, k, chunk_size):
         n = len(test_chunk)
         if n < chunk_size:  # pad the last chunk: one shape, one compiled program
             test_chunk = np.concatenate([test_chunk, np.zeros((chunk_size - n, test_chunk.shape[1]), test_chunk.dtype)])
-        values, idx = ops.top_k(ops.matmul(ops.convert_to_tensor(test_chunk), ops.transpose(bank)), k)
+        values, idx = _similarity_top_k(int(k))(test_chunk, bank)
         return ops.convert_to_numpy(values)[:n], ops.convert_to_numpy(idx)[:n]
     return top_k
+
+
+@functools.lru_cache(maxsize=None)
+def _similarity_top_k(k):
+    """``(chunk [C, F], bank [N, F]) -> top-k of chunk · bankᵀ`` (values, indices), compiled."""
+    from keras import ops
+
+    from uniclr_tf.tensors import compiled
+
+    def similarity_top_k(chunk, bank):
+        return ops.top_k(ops.matmul(chunk, ops.transpose(bank)), k)
+    return compiled(similarity_top_k)
 
 
 def _bank_labels(train_labels, n_train, num_classes):
@@ -95,35 +112,58 @@ def knn_predict_tensors(train_features, train_labels, test_features, num_classes
                         chunk_size=1024):
     """:func:`knn_predict` for features that are already on the device (backend tensors, e.g. the
     kNN monitor's): the normalisation, similarities, top-k and weighted votes all run in
-    ``keras.ops`` and only the ``[N_test, num_classes]`` scores come back to the host. The last
-    chunk is padded to ``chunk_size`` (one shape)."""
-    from keras import ops
+    ``keras.ops`` (:func:`knn_scores`; on JAX one compiled program per shape) and only the
+    ``[N_test, num_classes]`` scores come back to the host."""
     n_train, n_test = int(train_features.shape[0]), int(test_features.shape[0])
     train_labels = _bank_labels(train_labels, n_train, num_classes)
+    width = lambda x: int(np.prod(x.shape[1:], dtype=np.int64))  # noqa: E731
+    if width(train_features) != width(test_features):
+        raise ValueError(f"feature sizes differ: train {width(train_features)}, test {width(test_features)}")
+    if n_test == 0:
+        return np.zeros((0, num_classes), np.float32)
+    from keras import ops
+    program = _knn_program(int(num_classes), min(int(k), n_train), float(temperature), int(chunk_size))
+    scores = program(train_features, train_labels.astype(np.int32), test_features)
+    return np.asarray(ops.convert_to_numpy(scores), np.float32)[:n_test]
+
+
+@functools.lru_cache(maxsize=None)
+def _knn_program(num_classes, k, temperature, chunk_size):
+    from uniclr_tf.tensors import compiled
+
+    def knn_votes(train, labels, test):
+        return knn_scores(train, labels, test, num_classes, k, temperature, chunk_size)
+    return compiled(knn_votes)
+
+
+def knn_scores(train_features, train_labels, test_features, num_classes, k, temperature, chunk_size=1024):
+    """The weighted kNN scores in ``keras.ops`` (traceable: no host round trip, static shapes), for
+    use inside a compiled program. ``train_labels`` int32 ``[N_train]`` (checked by the caller),
+    ``k <= N_train``. Returns ``[N_pad, num_classes]`` float32, ``N_pad`` the test rows padded up to
+    a multiple of ``chunk_size`` (the padding rows score 0 similarity; drop them). The chunks, of
+    ``[chunk_size, N_train]`` similarities each, run one after the other (``ops.map``)."""
+    from keras import ops
 
     def normalize(x):
         x = ops.cast(ops.reshape(x, (int(x.shape[0]), -1)), "float32")
         return x / ops.maximum(ops.sqrt(ops.sum(x * x, axis=1, keepdims=True)), 1e-12)
 
     train, test = normalize(train_features), normalize(test_features)
-    if train.shape[1] != test.shape[1]:
-        raise ValueError(f"feature sizes differ: train {train.shape[1]}, test {test.shape[1]}")
-    labels = ops.convert_to_tensor(train_labels.astype(np.int32))
-    k = min(int(k), n_train)
+    n_test, width = int(test.shape[0]), int(test.shape[1])
+    chunks = -(-n_test // chunk_size)
+    if chunks * chunk_size > n_test:  # zero rows: one shape for every chunk
+        test = ops.pad(test, [[0, chunks * chunk_size - n_test], [0, 0]])
     bank_t = ops.transpose(train)
-    chunks = []
-    for start in range(0, n_test, chunk_size):
-        chunk = test[start:start + chunk_size]
-        n = int(chunk.shape[0])
-        if n < chunk_size:
-            chunk = ops.pad(chunk, [[0, chunk_size - n], [0, 0]])
+    labels = ops.convert_to_tensor(train_labels)
+
+    def chunk_scores(chunk):
         sim, idx = ops.top_k(ops.matmul(chunk, bank_t), k)
         weights = ops.exp((sim - 1.0) / temperature)  # shifted by the max cosine for stability
         votes = ops.one_hot(ops.take(labels, idx), num_classes)  # [chunk, k, classes]
-        chunks.append(ops.sum(votes * weights[..., None], axis=1)[:n])
-    if not chunks:
-        return np.zeros((0, num_classes), np.float32)
-    return np.asarray(ops.convert_to_numpy(ops.concatenate(chunks, axis=0)), np.float32)
+        return ops.sum(votes * weights[..., None], axis=1)
+
+    scores = ops.map(chunk_scores, ops.reshape(test, (chunks, chunk_size, width)))
+    return ops.reshape(scores, (chunks * chunk_size, num_classes))
 
 
 def topk_accuracy(scores, labels, ks=(1, 5)) -> dict:

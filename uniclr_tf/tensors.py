@@ -11,6 +11,7 @@ from keras import ops
 
 __all__ = [
     "as_dtype",
+    "compiled",
     "check_embedding",
     "check_embedding_pair",
     "check_non_negative",
@@ -18,6 +19,7 @@ __all__ = [
     "check_same_feature_size",
     "compute_dtype",
     "static_shape",
+    "to_device",
 ]
 
 _WIDE_DTYPES = ("float64",)
@@ -112,3 +114,28 @@ def check_non_negative(value, name):
     """Raises ``ValueError`` if the Python number ``value`` is not ``>= 0`` (tensors are not checked)."""
     if _is_number(value) and not value >= 0:
         raise ValueError(f"`{name}` must be >= 0; received {name}={value!r}")
+
+
+def compiled(fn):
+    """``fn`` (a function of backend tensors made of ``keras.ops``) as one compiled program on JAX:
+    ``jax.jit(fn)``, traced and compiled once per input shape. Outside a jitted step, every
+    ``keras.ops`` call on JAX is an XLA compile of its own the first time it meets a shape (tens to
+    hundreds of ms each on a GPU); an evaluation's maths made of twenty ops is then twenty compiles.
+    Other backends: ``fn`` itself (TensorFlow runs eager ops without compiling anything).
+
+    Keep the result (e.g. in a ``functools.lru_cache`` keyed by the closure's constants): a new
+    ``jax.jit`` object traces and compiles again."""
+    if keras.backend.backend() == "jax":
+        import jax
+        return jax.jit(fn)
+    return fn
+
+
+def to_device(array):
+    """A NumPy array as a backend tensor on the default device. On JAX ``jax.device_put``: a copy,
+    where ``ops.convert_to_tensor`` (``jnp.asarray``) compiles a staging program per shape."""
+    if keras.backend.backend() == "jax":
+        import jax
+        import numpy as np
+        return jax.device_put(np.asarray(array))
+    return ops.convert_to_tensor(array)

@@ -468,10 +468,12 @@ def run(cfg):
         with local():
             if refresh:
                 refresh()
+            # with the effective rank: the kNN monitor's compiled program again, not a second one
             ssl = knn_eval(eval_encoder, preprocess, knn_train, knn_test, info.num_classes, cfg.knn_k,
-                           cfg.knn_temperature, batch_size=2048)
-        metrics.update(knn_top1=ssl["top1"], knn_top5=ssl["top5"], raw_pixel_knn_top1=raw["top1"],
-                       raw_pixel_knn_top5=raw["top5"], raw_pixel_knn_memory_bank=raw["memory_bank"],
+                           cfg.knn_temperature, batch_size=2048, with_rank=True)
+        metrics.update(knn_top1=ssl["top1"], knn_top5=ssl["top5"], effective_rank=ssl["effective_rank"],
+                       raw_pixel_knn_top1=raw["top1"], raw_pixel_knn_top5=raw["top5"],
+                       raw_pixel_knn_memory_bank=raw["memory_bank"],
                        knn_memory_bank=min(cfg.knn_max_train or info.num_train, info.num_train),
                        knn_test=info.num_test)
         print(f"kNN top-1 (k={cfg.knn_k}, T={cfg.knn_temperature}) on the test split: {ssl['top1']:.4f} | "
