@@ -13,6 +13,7 @@ paired with integer labels for the online linear probe: ``views``, ``(views, lab
 """
 
 import keras
+import numpy as np
 from keras import layers, ops
 
 from uniclr_tf import methods, objectives
@@ -170,6 +171,21 @@ class UniCLR(train_step_mixin(), keras.Model):
     @property
     def metrics(self):
         return list(self._trackers.values())
+
+    def get_metrics_result(self):
+        """The trackers' means, as Keras's ``get_metrics_result`` (``total / count``, 0 when
+        ``count`` is 0), computed in NumPy on JAX: Keras calls it outside the step at each epoch's
+        end, where ``Mean.result()``'s ``keras.ops`` would each be an XLA compile of its own on
+        the first epoch (equal, where, divide). The same float32 division, so the same numbers."""
+        if keras.backend.backend() != "jax":
+            return super().get_metrics_result()
+        out = {}
+        for name, tracker in self._trackers.items():
+            total = np.asarray(tracker.total.value).astype(tracker.dtype)
+            count = np.asarray(tracker.count.value).astype(tracker.dtype)
+            safe = np.where(count == 0, 1, count).astype(tracker.dtype)
+            out[name] = np.where(count == 0, 0, total / safe).astype(tracker.dtype)  # ops.divide_no_nan
+        return out
 
     def call(self, images, training=False):
         """Inference: ``{"features": backbone features, "embedding": projector output}``."""
