@@ -57,6 +57,17 @@ def test_whole_curve_matches_reference_and_is_monotone(args):
     assert got.max() == pytest.approx(schedule.peak_learning_rate, rel=1e-6)
 
 
+@pytest.mark.parametrize("args", [(BASE, BATCH, TOTAL, WARMUP), (0.3, 64, 50, 0, 0.001), (0.1, 256, 7, 7)])
+def test_host_value_is_the_schedule_in_numpy(args):
+    """host_value (the TensorBoard callback's learning rate, no XLA compile on JAX) is __call__'s
+    float32 formula: equal up to float32 rounding."""
+    schedule = WarmupCosine(*args)
+    steps = np.arange(args[2] + 5)
+    host = [schedule.host_value(int(s)) for s in steps]
+    assert all(isinstance(v, float) for v in host)
+    np.testing.assert_allclose(host, values(schedule, steps), rtol=1e-6, atol=1e-9)
+
+
 def test_integer_and_float_tensor_steps_agree():
     schedule = WarmupCosine(BASE, BATCH, TOTAL, WARMUP)
     steps = np.arange(0, TOTAL + 3)

@@ -104,6 +104,19 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
         if self.every_steps > 0 and step % self.every_steps == 0 and logs:
             self._pending.append((step, {k: float(v) for k, v in logs.items() if np.ndim(v) == 0}))
 
+    def _collect_learning_rate(self, logs):
+        """Keras's ``epoch_learning_rate``, read on the host: a schedule with ``host_value``
+        (:class:`uniclr_tf.schedules.WarmupCosine`) is evaluated in NumPy at the optimizer's step
+        counter; Keras evaluates it in ``keras.ops``, a dozen XLA compiles on JAX at the first epoch's
+        end. Other optimizers and schedules: Keras's way."""
+        optimizer = self.model.optimizer
+        optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
+        schedule = getattr(optimizer, "_learning_rate", None)
+        if not hasattr(schedule, "host_value") or hasattr(optimizer, "optimizers"):
+            return super()._collect_learning_rate(logs)
+        logs["learning_rate"] = schedule.host_value(int(np.asarray(optimizer.iterations.value)))
+        return logs
+
     def on_epoch_end(self, epoch, logs=None):
         pending, self._pending = self._pending, []
         if pending:

@@ -13,6 +13,7 @@ import math
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -86,6 +87,22 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
         cosine_lr = end + (peak - end) * 0.5 * (1.0 + ops.cos(math.pi * progress))
         lr = ops.where(step < warmup, warmup_lr, cosine_lr)
         return ops.where(step > float(self.total_steps), end, lr)
+
+    def host_value(self, step):
+        """The rate at ``step`` (a Python int), in NumPy float32 with ``__call__``'s formula: for
+        logging on the host (the TensorBoard callback), where ``__call__``'s ``keras.ops`` would each
+        be an XLA compile on JAX. Equal to ``__call__`` up to float32 rounding (``cos``)."""
+        f32 = np.float32
+        step = f32(step)
+        peak, end = f32(self.peak_learning_rate), f32(self.end_learning_rate)
+        warmup = f32(self.warmup_steps)
+        decay_steps = f32(max(self.total_steps - self.warmup_steps, 1))
+        if step > f32(self.total_steps):
+            return float(end)
+        if step < warmup:
+            return float(peak * step / max(warmup, f32(1.0)))
+        progress = np.clip((step - warmup) / decay_steps, f32(0.0), f32(1.0))
+        return float(end + (peak - end) * f32(0.5) * (f32(1.0) + np.cos(f32(math.pi) * progress)))
 
     def get_config(self):
         return {
