@@ -178,7 +178,8 @@ def write(run_dir, values, epoch, step, reason):
 
 def restore(model, run_dir, state):
     """Loads a backup into a compiled ``model`` (its optimizer is built first, so its state loads)."""
-    model.optimizer.build(model.trainable_variables)
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
     path = os.path.join(run_dir, BACKUP_DIR, state["weights"])
     with np.load(path) as data:
         keys = sorted(data.files)

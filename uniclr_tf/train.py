@@ -367,6 +367,9 @@ def run(cfg):
         jit = True if cfg.jit_compile else ("auto" if keras.backend.backend() == "jax" else False)
         model.compile(optimizer=build_optimizer(cfg, steps_per_epoch), jit_compile=jit,
                       steps_per_execution=cfg.steps_per_execution)
+        # The optimizer's variables now, with the model's (as a resume does), not inside fit: on JAX
+        # their initialisers are XLA compiles of their own, which would count in the first epoch.
+        model.optimizer.build(model.trainable_variables)
         if state:
             backup.restore(model, run_dir, state)
 
