@@ -147,6 +147,17 @@ def _device_feature_batches(encoder, preprocess, images, batch_size=512):
     return outs, len(images)
 
 
+def features_on_host(encoder, preprocess, images, batch_size=512):
+    """Backbone features of in-memory uint8 ``images`` as NumPy float32 ``[N, F]``. On JAX (one
+    process's devices) through :func:`device_features`' compiled program, each batch fetched as it
+    is: at the kNN monitor's batch size, nothing new to compile. Else :func:`extract_features`."""
+    import keras
+    if keras.backend.backend() == "jax" and keras.distribution.distribution() is None and len(images):
+        batches, n = _device_feature_batches(encoder, preprocess, images, batch_size)
+        return np.concatenate([np.asarray(b) for b in batches])[:n]
+    return extract_features(encoder, preprocess, (images, None), batch_size)[0]
+
+
 def _stack(batches, n):
     """The first ``n`` rows of the batches, concatenated (inside a compiled program)."""
     from keras import ops

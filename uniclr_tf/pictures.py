@@ -161,6 +161,28 @@ def _unnormalise(view, augmenter):
     return np.clip(view.astype(np.float32) * std + mean, 0.0, 1.0)
 
 
+def _augment(augmenter, images):
+    """``augmenter(images, training=True)``; on JAX as one compiled program (a Keras layer's random
+    state mapped in through a ``StatelessScope`` and written back, as in the train step), not one
+    XLA compile per ``keras.ops`` call of every augmentation layer (about 60)."""
+    import keras
+    if keras.backend.backend() != "jax" or not isinstance(augmenter, keras.layers.Layer):
+        return augmenter(images, training=True)
+    from uniclr_tf.tensors import compiled
+    variables = list(augmenter.variables)
+
+    def augment_views(values, x):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+            views = augmenter(x, training=True)
+        new = [scope.get_current_value(v) for v in variables]
+        return views, [old if value is None else value for value, old in zip(new, values)]
+
+    views, values = compiled(augment_views)([v.value for v in variables], images)
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+    return views
+
+
 def views_grid(augmenter, images, path, rows=8):
     """Writes a PNG of ``rows`` images (first column) and their augmented views as the model sees
     them: ``augmenter(images, training=True)``, global views then local views, un-normalised with
@@ -180,7 +202,7 @@ def views_grid(augmenter, images, path, rows=8):
     if rows < 1:
         raise ValueError("views_grid needs at least one image")
     images = images[:rows]
-    views = augmenter(images, training=True)
+    views = _augment(augmenter, images)
     if images.dtype != np.uint8:  # float 0-255 (the augmenter's other input) → display as uint8
         images = np.clip(np.round(images), 0, 255).astype(np.uint8)
     if not isinstance(views, (tuple, list)):
@@ -637,10 +659,10 @@ def write_run_pictures(run_dir, encoder, preprocess, augmenter, train, test, cla
             _warn("views.png", e)
     train_f = test_f = None
     try:
-        from uniclr_tf.evaluation import extract_features
+        from uniclr_tf.evaluation import features_on_host
 
-        train_f, _ = extract_features(encoder, preprocess, (train_x, train_y), batch_size)
-        test_f, _ = extract_features(encoder, preprocess, (test_x, test_y), batch_size)
+        train_f = features_on_host(encoder, preprocess, train_x, batch_size)
+        test_f = features_on_host(encoder, preprocess, test_x, batch_size)
     except Exception as e:  # noqa: BLE001
         _warn("neighbours.png and embedding.png (feature extraction failed)", e)
         train_f = test_f = None

@@ -493,7 +493,7 @@ def run(cfg):
             drawn = pictures.write_run_pictures(
                 run_dir, eval_encoder, preprocess, augmenter, train_images, test_images,
                 class_names=pictures.FASHION_MNIST_CLASSES if cfg.dataset == "fashion_mnist" else None,
-                tensorboard=data.have_tensorflow())
+                tensorboard=data.have_tensorflow(), batch_size=2048)  # the kNN's batch: its compiled features
         metrics["pictures"] = {k: os.path.basename(v) for k, v in drawn.items()}
         print("pictures: " + "  ".join(v for k, v in drawn.items() if k in ("views", "neighbours", "embedding")))
     runs.atomic_write_json(os.path.join(run_dir, "metrics.json"), metrics)
