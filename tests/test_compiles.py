@@ -1,0 +1,109 @@
+"""What XLA compiles during a JAX training run, and when.
+
+Outside a jitted function, every ``keras.ops`` call on JAX is an XLA compilation of its own the
+first time it meets a shape (tens to hundreds of ms each on a GPU, all in a run's first epoch).
+The kNN monitor (kNN votes, effective rank), Keras's metric results, its TensorBoard callback's
+learning rate and the optimizer's build used to make ~80 such compiles during the fit of the
+quickstart run, and the pictures ~70 after it; each is now one compiled program (or NumPy). This
+test runs a tiny train run on JAX with every compilation logged against the phase of the run it
+happened in.
+"""
+
+import pytest
+
+# Every program the fit of this run may compile (each once, in epoch 1), by its function's name:
+ALLOWED_IN_FIT = {
+    "train_step",       # Keras's jitted train step (uniclr_tf.steps.jax_step)
+    "features",         # the kNN monitor's encoder on a batch (evaluation._device_feature_batches)
+    "knn_eval_device",  # the monitor's kNN votes + effective rank (evaluation._device_knn_program)
+    "pack",             # the backup's device copy of the variables (backup.Packed)
+}
+# After fit: the final kNN reuses the monitor's programs; the pictures compile their augmentation.
+ALLOWED_AFTER_FIT = {"augment_views"}  # views.png's augmenter call (pictures._augment)
+# Not in this run: on the host path of the kNN (streamed data, keras.distribution set) the monitor
+# compiles preprocess_batch, predict_step, similarity_top_k and effective_rank_tensor instead.
+
+SNIPPET = r"""
+import json, logging, re
+import jax
+jax.config.update("jax_log_compiles", True)
+import keras
+from absl import flags
+from uniclr_tf import train
+
+phase = ["build"]
+compiles = []
+
+class Record(logging.Handler):
+    def emit(self, record):
+        found = re.search(r"Finished XLA compilation of (\S+) in", record.getMessage())
+        if found:
+            name = re.sub(r"^\w+\((.*)\)$", r"\1", found.group(1))  # jit(train_step) -> train_step
+            compiles.append([phase[0], name])
+
+logging.getLogger("jax").addHandler(Record(level=logging.DEBUG))
+
+fit, callbacks = keras.Model.fit, keras.callbacks.CallbackList
+begin, end = callbacks.on_epoch_begin, callbacks.on_epoch_end
+
+def logged_fit(self, *args, **kwargs):
+    phase[0] = "fit"
+    try:
+        return fit(self, *args, **kwargs)
+    finally:
+        phase[0] = "after fit"
+
+def on_epoch_begin(self, epoch, logs=None):
+    phase[0] = f"epoch {epoch + 1}"
+    return begin(self, epoch, logs)
+
+def on_epoch_end(self, epoch, logs=None):
+    phase[0] = f"epoch {epoch + 1} end"
+    return end(self, epoch, logs)
+
+keras.Model.fit = logged_fit
+callbacks.on_epoch_begin, callbacks.on_epoch_end = on_epoch_begin, on_epoch_end
+
+fv = flags.FlagValues()
+train.define_flags(fv)
+fv(["train", "--flagfile=configs/quickstart.flags", "--method=simaffinity", "--encoder_width=8",
+    "--projector_dims=64,32", "--batch_size=64", "--max_examples=512", "--knn_max_train=512", "--epochs=3",
+    "--steps_per_epoch=2", "--knn_every=1", "--augment_on=device", "--compilation_cache_dir=",
+    "--run_dir=" + RUN_DIR, "--run_name=run"])
+_, metrics = train.run(train.config_from_flags(fv))
+print(json.dumps({"compiles": compiles, "status": metrics["status"]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiles(tmp_path_factory):
+    """``[(phase, name)]`` of every XLA compilation of the run, in order; phases are ``build``
+    (model, optimizer, raw-pixel kNN), ``fit`` (before epoch 1), ``epoch N``, ``epoch N end``
+    (the callbacks) and ``after fit`` (the final kNN, the pictures)."""
+    from tests.conftest import run_python_snippet
+    run_dir = tmp_path_factory.mktemp("compiles")
+    out = run_python_snippet(SNIPPET.replace("RUN_DIR", repr(str(run_dir))), backend="jax", timeout=300)
+    assert out["status"] == "finished"
+    return [tuple(c) for c in out["compiles"]]
+
+
+def test_the_run_compiles_the_train_step_in_epoch_1(compiles):
+    assert ("epoch 1", "train_step") in compiles, compiles  # the log is read at all
+
+
+def test_nothing_compiles_after_the_first_epoch(compiles):
+    """The steady state compiles nothing: epochs 2 and 3 (their kNN evaluations, TensorBoard
+    scalars and backups too) reuse epoch 1's programs; after fit the final kNN and the pictures'
+    features too."""
+    late = [c for c in compiles if c[0] not in ("build", "fit", "epoch 1", "epoch 1 end")
+            and not (c[0] == "after fit" and c[1] in ALLOWED_AFTER_FIT)]
+    assert not late, late
+
+
+def test_the_fit_compiles_whole_programs_only(compiles):
+    """During fit, only the named programs compile, each once: no op-by-op compile of a single
+    primitive (multiply, _reduce_sum, eigh, cos, ...) outside a jitted function."""
+    in_fit = [name for phase, name in compiles if phase == "fit" or phase.startswith("epoch")]
+    unexpected = sorted(set(in_fit) - ALLOWED_IN_FIT)
+    assert not unexpected, f"op-by-op or unexpected compiles during fit: {unexpected} (all: {in_fit})"
+    assert sorted(in_fit) == sorted(set(in_fit)), in_fit  # each once
