@@ -6,11 +6,13 @@
 # (after the gpu-prep set-up line). RESULTS_DIR gets v<i>.log, v<i>.json (the report), v<i>-history.json.
 set -u
 res=${1:?results folder}; config=${2:-configs/simaffinity.flags}; epochs=${3:-3}
-VARIANTS=("" "--xla_gpu_enable_llvm_module_compilation_parallelism=true --xla_gpu_force_compilation_parallelism=16")
+# XLA_FLAGS variants (VARIANTS="a|b|c" in the environment overrides; "" = XLA's defaults). The XLA of
+# jaxlib 0.11.2 refuses --xla_gpu_enable_llvm_module_compilation_parallelism (unknown flag).
+IFS='|' read -r -a VARIANTS <<< "${VARIANTS:-|--xla_gpu_force_compilation_parallelism=16|--xla_gpu_autotune_level=0}"
 mkdir -p "$res"
 for i in "${!VARIANTS[@]}"; do
   start=$(date +%s.%N)
-  XLA_FLAGS="${VARIANTS[$i]}" JAX_LOG_COMPILES=1 timeout 200 python3 -m uniclr_tf.train --flagfile="$config" \
+  XLA_FLAGS="${VARIANTS[$i]}" JAX_LOG_COMPILES=1 timeout "${LIMIT:-150}" python3 -m uniclr_tf.train --flagfile="$config" \
     --augment_on=device --epochs="$epochs" --warmup_epochs=1 --knn_every=1 --compilation_cache_dir= --nopictures \
     --verbose=2 --run_dir=/tmp/compile-report --run_name="v$i" --overwrite > "$res/v$i.log" 2>&1
   echo "exit $? xla_flags '${VARIANTS[$i]}' process_seconds $(python3 -c "import time; print(round(time.time() - $start, 1))")" \
