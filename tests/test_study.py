@@ -96,3 +96,21 @@ def test_seeds_aggregate_mean_and_sample_std_of_finished_runs(tmp_path):
     assert a["knn@50"]["mean"] == pytest.approx(0.82) and a["knn@50"]["std"] == pytest.approx(0.02)
     assert entries["b"]["knn_final"]["std"] is None and entries["b"]["seeds"] == 1
     assert "0.8200 ± 0.0200 (3)" in (new / "summary.md").read_text()
+
+
+def test_study_plots_mean_curve_over_seeds(tmp_path):
+    import study_plots
+    folders = []
+    for i, values in enumerate(([0.5, 0.6, 0.7], [0.7, 0.8, 0.9])):
+        folder = tmp_path / f"s{i}"
+        folder.mkdir()
+        history = [{"epoch": e + 1, **({"knn_top1": v} if v is not None else {})} for e, v in enumerate(values)]
+        history.append({"epoch": 4, "knn_top1": 0.95} if i == 0 else {"epoch": 4})  # epoch 4: one run only
+        (folder / "history.json").write_text(json.dumps(history))
+        folders.append(str(folder))
+    epochs, means, stds = study_plots.mean_curve(folders, "knn_top1")
+    assert epochs == [1, 2, 3]
+    assert means == pytest.approx([0.6, 0.7, 0.8]) and stds == pytest.approx([0.1414214] * 3)
+    out = tmp_path / "plot.png"
+    study_plots.main([f"--out={out}", "A=" + ",".join(folders), f"B={folders[0]}"])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
