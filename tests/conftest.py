@@ -72,6 +72,31 @@ class PythonJob:
             self._out = self.proc.communicate()
 
 
+#: Prepended to a subprocess's code: TensorFlow (and what needs it) cannot be imported, as on the
+#: JAX-only GPU machines.
+NO_TENSORFLOW = r"""
+import importlib.abc, sys
+
+class NoTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorflow_datasets", "tensorboard"):
+            raise ModuleNotFoundError("No module named " + name)
+
+sys.meta_path.insert(0, NoTensorFlow())
+"""
+
+
+def file_tree(root):
+    """``{relative path: bytes}`` of every file under ``root``."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out
+
+
 def run_python_snippet(code, backend="tensorflow", env=None, timeout=600):
     """Runs ``code`` in a fresh interpreter; returns the JSON object it prints on its last line."""
     return PythonJob(code, backend, env, timeout).result()

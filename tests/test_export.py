@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, file_tree
 from uniclr_tf import encoders, export, heads
 from uniclr_tf.augment import EvalPreprocess
 from uniclr_tf.config import TrainConfig
@@ -342,17 +342,6 @@ def test_grpc_client_against_grpc_standin(exported):
 # --- the export folder: refused when not empty, --overwrite, written aside and renamed ----------
 
 
-def _tree(root):
-    """``{relative path: bytes}`` of every file under ``root``."""
-    out = {}
-    for folder, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = f.read()
-    return out
-
-
 def test_cli_refuses_a_non_empty_out_and_overwrite_replaces_it(exported, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -361,7 +350,7 @@ def test_cli_refuses_a_non_empty_out_and_overwrite_replaces_it(exported, tmp_pat
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: --out={out}: ") and "--overwrite" in lines[0], proc.stderr
-    assert _tree(out) == {"notes.txt": b"not an export"}  # untouched
+    assert file_tree(out) == {"notes.txt": b"not an export"}  # untouched
     assert os.listdir(tmp_path) == ["out"]
 
     proc = _cli([f"--run_dir={exported.run_dir}", f"--out={out}", "--overwrite"])
@@ -380,7 +369,7 @@ def test_killed_export_leaves_the_previous_export_intact(exported, tmp_path):
 
     out = tmp_path / "out"
     shutil.copytree(exported.out_dir, out)  # the previous export (version 1 layout)
-    before = _tree(out)
+    before = file_tree(out)
     job = Job(export_cli(f"--run_dir={exported.run_dir}", f"--out={out}", "--overwrite"))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and job.proc.poll() is None:
@@ -390,7 +379,7 @@ def test_killed_export_leaves_the_previous_export_intact(exported, tmp_path):
     assert job.proc.poll() is None, ("the export ended before it could be killed", job.result().stderr[-3000:])
     job.proc.send_signal(signal.SIGKILL)
     job.proc.communicate()
-    assert _tree(out) == before
+    assert file_tree(out) == before
     left = sorted(set(os.listdir(tmp_path)) - {"out"})
     assert len(left) == 1 and left[0].startswith(".out.tmp-"), left
 
@@ -408,10 +397,10 @@ def test_export_run_versions_overwrite_and_a_failed_export(exported, tmp_path, m
     message = str(error.value)
     assert message.startswith(f"--out={base}: ") and str(base / "2") in message and "--overwrite" in message
     (base / "2" / "stale.txt").write_text("left over")
-    version_1 = _tree(base / "1")
+    version_1 = file_tree(base / "1")
     export.export_run(exported.run_dir, str(base), version=2, overwrite=True)
     assert "stale.txt" not in os.listdir(base / "2") and os.path.isfile(base / "2" / "saved_model.pb")
-    assert _tree(base / "1") == version_1
+    assert file_tree(base / "1") == version_1
     assert sorted(os.listdir(base)) == ["1", "2", "backbone.keras", "export.json"]
 
     # An empty --out is fine without overwrite.
@@ -423,7 +412,7 @@ def test_export_run_versions_overwrite_and_a_failed_export(exported, tmp_path, m
     # temporary folder.
     plain = tmp_path / "plain"
     export.export_run(exported.run_dir, str(plain))
-    before = _tree(plain)
+    before = file_tree(plain)
 
     def crash(*args, **kwargs):
         raise RuntimeError("simulated crash")
@@ -432,7 +421,7 @@ def test_export_run_versions_overwrite_and_a_failed_export(exported, tmp_path, m
     with pytest.raises(RuntimeError, match="simulated crash"):
         export.export_run(exported.run_dir, str(plain), overwrite=True)
     monkeypatch.undo()
-    assert _tree(plain) == before
+    assert file_tree(plain) == before
     assert sorted(os.listdir(tmp_path)) == ["empty", "plain", "serving"]
 
     # The run folder is never replaced, even with overwrite.

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.conftest import REPO_ROOT, run_python_snippet, write_stripes_folder
+from tests.conftest import NO_TENSORFLOW, REPO_ROOT, run_python_snippet, write_stripes_folder
 
 from uniclr_tf import linear_eval as le
 from uniclr_tf import protocols
@@ -174,19 +174,6 @@ def test_backbone_is_frozen_during_augmented_linear_eval(loaded):
 
 
 # --- augmentation on the device (--augment_on=device) --------------------------------------------
-
-#: Prepended to a subprocess's code: TensorFlow (and what needs it) cannot be imported, as on the
-#: JAX-only GPU machines (tests/test_train_cli.py does the same for train).
-NO_TENSORFLOW = r"""
-import importlib.abc, sys
-
-class NoTensorFlow(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "tensorflow_datasets", "tensorboard"):
-            raise ModuleNotFoundError("No module named " + name)
-
-sys.meta_path.insert(0, NoTensorFlow())
-"""
 
 LN4 = float(np.log(4.0))  # the loss of a near-zero head (N(0, 0.01²) weights) on 4 classes
 

@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.conftest import PythonJob, run_cli_forks
+from tests.conftest import NO_TENSORFLOW, PythonJob, file_tree, run_cli_forks
 from uniclr_tf import protocols
 from uniclr_tf.runs import RunFolder, RunFolderError
 from uniclr_tf.tools import release
@@ -39,15 +39,8 @@ TOP_FILES = {"backbone.keras", "saved_model", "metrics.json", "flags.txt", "conf
 
 # A JAX process where TensorFlow cannot be imported (the GPU machines): the released backbones through
 # the card's own snippet, with plain Keras (no uniclr_tf imported), then a release of the run.
-NO_TF_PROCESS = r"""
-import importlib.abc, json, os, re, sys
-
-class NoTensorFlow(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "tensorflow_datasets", "tensorboard"):
-            raise ModuleNotFoundError("No module named " + name)
-
-sys.meta_path.insert(0, NoTensorFlow())
+NO_TF_PROCESS = NO_TENSORFLOW + r"""
+import json, os, re, sys
 import time
 import keras  # imported (on JAX) while the TF releases are written
 import numpy as np
@@ -111,16 +104,6 @@ def _grouped_encoder(run):
     assert len(seen) >= 2, seen
     (run / "encoder.keras").unlink()
     grouped.save(run / "encoder.keras")
-
-
-def _tree(root):
-    out = {}
-    for folder, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = f.read()
-    return out
 
 
 def _reference(run, images):
@@ -206,7 +189,7 @@ def test_sha256sums_lists_every_file_with_its_digest(released):
     for line in lines:
         digest, path = re.fullmatch(r"([0-9a-f]{64})  (\S+)", line).groups()
         listed[path] = digest
-    files = {p.replace(os.sep, "/") for p in _tree(out)} - {"SHA256SUMS"}
+    files = {p.replace(os.sep, "/") for p in file_tree(out)} - {"SHA256SUMS"}
     assert set(listed) == files and "saved_model/variables/variables.index" in files
     for path, digest in listed.items():
         assert hashlib.sha256((out / path).read_bytes()).hexdigest() == digest, path
@@ -326,7 +309,7 @@ def test_non_empty_out_is_refused_untouched_and_overwrite_replaces_it(released):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: --out={released.occupied}: the release folder is not "
                                                    "empty; pass --overwrite"), result.stderr
-    assert _tree(released.occupied) == {"notes.txt": b"not a release"}
+    assert file_tree(released.occupied) == {"notes.txt": b"not a release"}
 
     _ok(released.cli["overwrite"])
     assert set(os.listdir(released.previous)) == TOP_FILES - {"saved_model"}  # old.txt gone
@@ -362,7 +345,7 @@ def test_a_backbone_that_does_not_match_the_run_is_not_released_and_the_old_rele
     monkeypatch.setattr(release, "portable_backbone", perturbed)
     with pytest.raises(RuntimeError, match="backbone.keras reloaded differs from .*encoder.keras"):
         release.release_run(released.run, out, overwrite=True, saved_model=False, log=lambda _: None)
-    assert _tree(tmp_path) == {"out/old.txt": b"the earlier release"}  # no temporary folder left either
+    assert file_tree(tmp_path) == {"out/old.txt": b"the earlier release"}  # no temporary folder left either
     monkeypatch.setattr(release, "portable_backbone", portable)
     result = release.release_run(released.run, out, overwrite=True, saved_model=False, log=lambda _: None)
     assert result["saved_model"] == "left out by --nosaved_model"

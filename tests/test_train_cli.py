@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT, run_cli_forks, run_python_snippet
+from tests.conftest import NO_TENSORFLOW, REPO_ROOT, run_cli_forks, run_python_snippet
 
 from uniclr_tf.config import TrainConfig
 
@@ -168,15 +168,8 @@ def test_every_config_field_has_a_flag_and_every_flagfile_parses():
             assert cfg.projector_dims == (2048, 2048, 2048) and cfg.local_scale == (0.05, 0.4)
 
 
-NO_TF_RUN = r"""
-import importlib.abc, json, sys
-
-class NoTensorFlow(importlib.abc.MetaPathFinder):  # as on the JAX-only GPU machine
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "tensorflow_datasets", "tensorboard"):
-            raise ModuleNotFoundError("No module named " + name)
-
-sys.meta_path.insert(0, NoTensorFlow())
+NO_TF_RUN = NO_TENSORFLOW + r"""
+import json, sys
 from uniclr_tf.config import TrainConfig
 from uniclr_tf import train
 cfg = TrainConfig.make(encoder="tiny", encoder_width=8, projector_dims=(64, 32), method="simtrace",
