@@ -43,6 +43,7 @@ Only NumPy (and the standard-library :mod:`uniclr_tf.runs`) is imported at modul
 :func:`check_images` serves ``export/client.py`` without TensorFlow or Keras.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -152,7 +153,25 @@ def check_export_target(out_dir, version=None, overwrite=False, run_dir=None, wh
     return target
 
 
-def _replace_dir(staging, dest):
+@contextlib.contextmanager
+def staging_folder(target):
+    """``(staging, dest)``: ``dest`` the real path ``target`` names (a symlinked target keeps its
+    link), ``staging`` a new empty sibling folder of it (``.NAME.tmp-*``: the same file system, so
+    the final rename is atomic; the umask's permissions, where ``tempfile.mkdtemp``'s 0700 would hide
+    it from TF Serving). The caller writes into ``staging`` and puts it in place with
+    :func:`replace_dir`; whatever is left of it is deleted on the way out."""
+    dest = os.path.realpath(target)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    staging = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp-{uuid.uuid4().hex[:12]}")
+    os.mkdir(staging)
+    try:
+        yield staging, dest
+    finally:
+        if os.path.isdir(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def replace_dir(staging, dest):
     """Renames the finished folder ``staging`` to ``dest`` (same parent). An existing ``dest`` is
     first renamed aside and deleted after, so it stays whole until the export is in place."""
     aside = None
@@ -294,13 +313,7 @@ def export_run(run_dir, out_dir, version=None, overwrite=False):
     saved_model_dir = out_dir if version is None else os.path.join(out_dir, str(version))
     meta = _export_meta(run_dir, out_dir, saved_model_dir, version, encoder, projector, preprocess,
                         info, config, keras.__version__, tf.__version__)
-    # The folder this export replaces (resolved: a symlinked --out keeps its link) and its
-    # temporary sibling on the same file system.
-    dest = os.path.realpath(saved_model_dir)
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    staging = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp-{uuid.uuid4().hex[:12]}")
-    os.mkdir(staging)  # the umask's permissions (tempfile.mkdtemp's 0700 would hide it from TF Serving)
-    try:
+    with staging_folder(saved_model_dir) as (staging, dest):
         archive = keras.export.ExportArchive()
         archive.track(encoder)
         archive.track(projector)
@@ -311,10 +324,7 @@ def export_run(run_dir, out_dir, version=None, overwrite=False):
             encoder.save(os.path.join(staging, BACKBONE_FILE))
             atomic_write_json(os.path.join(staging, EXPORT_JSON), meta)
         check_export_target(out_dir, version, overwrite)  # still free (nothing appeared meanwhile)
-        _replace_dir(staging, dest)
-    finally:
-        if os.path.isdir(staging):
-            shutil.rmtree(staging, ignore_errors=True)
+        replace_dir(staging, dest)
     if version is not None:  # the latest export's metadata beside the version folders
         atomic_save(os.path.join(out_dir, BACKBONE_FILE), lambda tmp: encoder.save(tmp))
         atomic_write_json(os.path.join(out_dir, EXPORT_JSON), meta)

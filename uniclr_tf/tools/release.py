@@ -47,7 +47,6 @@ import os
 import shlex
 import shutil
 import sys
-import uuid
 
 import numpy as np
 
@@ -345,9 +344,10 @@ def sha256sums(root):
 
 def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print):
     """Writes the release of the finished run ``run_dir`` to ``out_dir`` (see the module docstring);
-    returns ``{"out", "files": {relative path: bytes}, "knn_top1", "saved_model"}`` (``saved_model``: None
-    when written, else why not). Raises ``RunFolderError`` / ``ValueError`` (refusals, before anything is
-    written) or ``RuntimeError`` (a self-check failed: nothing is put in place)."""
+    returns ``{"out", "files": {relative path: size in bytes}, "knn_top1", "saved_model",
+    "plain_bn_layers"}`` (``saved_model``: None when written, else why not). Raises ``RunFolderError``
+    / ``ValueError`` (refusals, before anything is written) or ``RuntimeError`` (a self-check failed:
+    nothing is put in place)."""
     folder, metrics = check_run(run_dir, saved_model)
     target = export.check_export_target(out_dir, None, overwrite, run_dir, what="release folder")
     config = folder.config
@@ -377,11 +377,7 @@ def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print):
                      "dtype_policy": getattr(getattr(backbone, "dtype_policy", None), "name", "float32"),
                      "custom_modules": _custom_modules(backbone)}
 
-    dest = os.path.realpath(target)
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    staging = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp-{uuid.uuid4().hex[:12]}")
-    os.mkdir(staging)
-    try:
+    with export.staging_folder(target) as (staging, dest):
         backbone.save(os.path.join(staging, BACKBONE_FILE))
         got = _features(keras.saving.load_model(os.path.join(staging, BACKBONE_FILE), compile=False), inputs)
         diff = float(np.max(np.abs(got - want)))
@@ -415,10 +411,7 @@ def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print):
                 path = os.path.join(root, n)
                 files[os.path.relpath(path, staging).replace(os.sep, "/")] = os.path.getsize(path)
         export.check_export_target(out_dir, None, overwrite, what="release folder")  # nothing appeared meanwhile
-        export._replace_dir(staging, dest)
-    finally:
-        if os.path.isdir(staging):
-            shutil.rmtree(staging, ignore_errors=True)
+        export.replace_dir(staging, dest)
     return {"out": out_dir, "files": files, "knn_top1": metrics.get("knn_top1"), "saved_model": why_not,
             "plain_bn_layers": replaced}
 
