@@ -23,7 +23,8 @@ The export folder ``--out`` receives::
 Export needs the TensorFlow backend (SavedModel). ``--check`` loads the SavedModel with
 ``tf.saved_model.load`` in its own process, runs ``serving_default`` on deterministic uint8 images and
 compares with ``EvalPreprocess`` + ``encoder.keras`` + ``projector.keras`` of the run folder; it exits
-non-zero when a difference exceeds ``--tolerance`` (1e-5; see :func:`check_export`).
+non-zero when a difference exceeds ``--tolerance`` (1e-5, relative to the outputs' size; see
+:func:`check_export`).
 
 The run folder is read through :class:`uniclr_tf.runs.RunFolder`: a missing or corrupt file stops
 with one ``RunFolderError`` line naming it.
@@ -373,14 +374,16 @@ def check_export(export_dir, run_dir, num_images=8, seed=0, tolerance=DEFAULT_TO
 
     Compared (max abs difference, each with its limit):
 
+    * ``backbone.keras/features``: the reloaded backbone vs ``encoder.keras``, the same ops run the
+      same way on both sides (bit-exact in practice), limit ``tolerance``.
     * ``train_size/*``: ``num_images`` random images of the training size, SavedModel vs
-      ``EvalPreprocess`` + ``encoder.keras`` + ``projector.keras``; and ``backbone.keras/features``:
-      the same ops on both sides (bit-exact in practice), limit ``tolerance``.
-    * ``other_size/*``: 3 images of another, non-square size (resampled inside the model), and
-      ``alone_vs_batch/features``: the first image alone vs in its batch. Float32 rounding differs
-      legitimately here (Grappler rewrites a division by a constant into a multiplication by its
-      reciprocal in the graph; kernels differ by batch size), by about 1e-7 relative, so the limit
-      is ``tolerance * max(1, largest |output|)``.
+      ``EvalPreprocess`` + ``encoder.keras`` + ``projector.keras``; ``other_size/*``: 3 images of
+      another, non-square size (resampled inside the model); and ``alone_vs_batch/features``: the
+      first image alone vs in its batch. Float32 rounding differs legitimately between the traced
+      graph and eager Keras (Grappler rewrites a division by a constant into a multiplication by its
+      reciprocal, oneDNN fuses a ResNet-18's convolutions differently: 1e-5 on features of size ~19)
+      and between batch sizes, by about 1e-7 to 1e-6 relative, so the limit is
+      ``tolerance * max(1, largest |output|)``.
 
     Returns ``{"saved_model_dir", "checks": {name: (diff, limit)}, "ok", "max_abs_diff"}``.
     """
@@ -414,7 +417,7 @@ def check_export(export_dir, run_dir, num_images=8, seed=0, tolerance=DEFAULT_TO
     scale = max(1.0, *(float(np.max(np.abs(v))) for v in (*want.values(), *want_other.values())))
     checks = {}
     for key in OUTPUT_NAMES:
-        checks[f"train_size/{key}"] = (max_abs(got[key], want[key]), tolerance)
+        checks[f"train_size/{key}"] = (max_abs(got[key], want[key]), tolerance * scale)
     backbone_path = os.path.join(export_dir, BACKBONE_FILE)
     if os.path.isfile(backbone_path):
         backbone = keras.saving.load_model(backbone_path, compile=False)
@@ -448,9 +451,10 @@ def define_flags(flag_values=None):
                         "and compare it with the Keras models of --run_dir.", flag_values=fv)
     flags.DEFINE_integer("num_check_images", 8, "Random uint8 images of the training size used by --check.",
                          lower_bound=1, flag_values=fv)
-    flags.DEFINE_float("tolerance", DEFAULT_TOLERANCE, "--check fails above this max abs difference "
-                       "(training-size images; times max(1, largest |output|) for resampled sizes and "
-                       "image-alone-vs-batch, where float32 rounding legitimately differs).", flag_values=fv)
+    flags.DEFINE_float("tolerance", DEFAULT_TOLERANCE, "--check fails above this max abs difference, times "
+                       "max(1, largest |output|) where float32 rounding legitimately differs (SavedModel graph vs "
+                       "eager Keras, resampled sizes, image alone vs batch); backbone.keras must match "
+                       "within it unscaled.", flag_values=fv)
 
 
 def main(argv):
