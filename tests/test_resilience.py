@@ -285,3 +285,60 @@ def test_collapse_warning(capsys):
     assert capsys.readouterr().out == ""
     warn.on_epoch_end(4, {"embedding_std": 1e-4})
     assert "epoch 5: the embeddings are collapsing" in capsys.readouterr().out
+
+
+def test_history_files_are_written_in_the_background_and_before_the_epochs_backup(tmp_path, monkeypatch):
+    """The epoch end does not wait for history.json / log.csv (fsync'd writes); the backup writer
+    waits for them before it writes the epoch's backup, so history >= backup at any kill."""
+    import threading
+
+    from uniclr_tf import backup
+    from uniclr_tf.callbacks import HistoryRecorder
+
+    release, events = threading.Event(), []
+    real = HistoryRecorder._write_files
+
+    def slow_write(self, epochs):
+        assert release.wait(timeout=30), "the training thread waited for the history write"
+        real(self, epochs)
+        events.append(("history", len(epochs)))
+
+    monkeypatch.setattr(HistoryRecorder, "_write_files", slow_write)
+    monkeypatch.setattr(backup, "write", lambda run_dir, values, epoch, step, reason: events.append(("backup", epoch))
+                        or {"epoch": epoch, "step": step, "weights": "w.npz", "reason": reason})
+    history = HistoryRecorder(str(tmp_path), plot_every_s=1e9)
+    history.on_epoch_begin(0)
+    history.on_epoch_end(0, {"loss": 1.0})  # returns although the write is blocked
+    assert not (tmp_path / "history.json").exists() and events == []
+    writer = backup.Writer(str(tmp_path))
+    writer.submit([("w", np.zeros(2, np.float32))], 1, 10, "epoch", after=history.pending_write())
+    time.sleep(0.2)
+    assert events == []  # the backup waits for the history files
+    release.set()
+    writer.wait()
+    assert events == [("history", 1), ("backup", 1)]
+    assert json.loads((tmp_path / "history.json").read_text())[0]["loss"] == 1.0
+    history.on_epoch_end(1, {"loss": 0.5})
+    history.write(plot=False)  # drains the background writer, then writes everything now
+    assert [e["loss"] for e in json.loads((tmp_path / "history.json").read_text())] == [1.0, 0.5]
+    assert (tmp_path / "log.csv").read_text().splitlines()[0].startswith("epoch,loss")
+    history.wait()
+
+
+def test_a_failed_background_history_write_is_raised_at_the_next_epoch_end(tmp_path, monkeypatch):
+    import errno
+
+    from uniclr_tf.callbacks import HistoryRecorder
+
+    def no_space(self, epochs):
+        raise OSError(errno.ENOSPC, "No space left on device", "history.json")
+
+    history = HistoryRecorder(str(tmp_path), plot_every_s=1e9)
+    monkeypatch.setattr(HistoryRecorder, "_write_files", no_space)
+    history.on_epoch_end(0, {"loss": 1.0})
+    pending = history.pending_write()
+    with pytest.raises(OSError, match="No space"):
+        pending()  # what the backup writer runs first: the backup is not written either
+    with pytest.raises(OSError, match="No space"):
+        history.on_epoch_end(1, {"loss": 1.0})
+    history.wait()

@@ -129,6 +129,19 @@ def test_atomic_save_keeps_the_suffix_and_leaves_no_temp_file(tmp_path):
     assert (tmp_path / "sub" / "a.txt").read_text() == "hello" and os.listdir(tmp_path / "sub") == ["a.txt"]
 
 
+def test_remove_temporaries_removes_what_a_killed_write_left_and_nothing_else(tmp_path):
+    (tmp_path / "backup").mkdir()
+    left = [runs._temp_path(str(tmp_path / "log.csv")), runs._temp_path(str(tmp_path / "model.weights.h5")),
+            runs._temp_path(str(tmp_path / "backup" / "weights-000000125.npz"))]
+    kept = [tmp_path / "log.csv", tmp_path / "history.json", tmp_path / "backup" / "state.json",
+            tmp_path / "notes.tmp.txt"]
+    for path in [*left, *kept]:
+        with open(path, "w") as f:
+            f.write("x")
+    assert sorted(runs.remove_temporaries(str(tmp_path))) == sorted(left)
+    assert not any(os.path.exists(p) for p in left) and all(p.exists() for p in kept)
+
+
 def test_atomic_write_json_is_strict(tmp_path):
     target = tmp_path / "m.json"
     runs.atomic_write_json(target, {"loss": float("nan"), "x": [np.float32(np.inf), -np.inf, 1.5],

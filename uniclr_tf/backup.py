@@ -205,8 +205,10 @@ class Writer:
         self._error = None
         self.last = latest(run_dir) if os.path.isdir(run_dir) else None
 
-    def _run(self, values, epoch, step, reason):
+    def _run(self, values, epoch, step, reason, after=None):
         try:
+            if after is not None:  # e.g. the history files of the backed-up epochs are on disk first
+                after()
             values = to_host(values)
             bad = non_finite_weights(values)
             if bad:  # never replace the last finite backup
@@ -228,15 +230,17 @@ class Writer:
         """True while a background write is still going on."""
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, values, epoch, step, reason, background=True):
+    def submit(self, values, epoch, step, reason, background=True, after=None):
+        """Writes a :func:`snapshot` as the backup of ``step`` (``epoch`` epochs complete), in the
+        background unless ``background`` is False; ``after`` (a callable) runs first, in the same thread."""
         if not self.enabled:  # another process of a multi-process job writes the backups
             return
         self.wait()
         if not background:
-            self._run(values, epoch, step, reason)
+            self._run(values, epoch, step, reason, after)
             return self.wait()
         import threading
-        self._thread = threading.Thread(target=self._run, args=(values, epoch, step, reason), daemon=False)
+        self._thread = threading.Thread(target=self._run, args=(values, epoch, step, reason, after), daemon=False)
         self._thread.start()
 
 
@@ -324,11 +328,18 @@ class BackupCallback(keras.callbacks.Callback):
     step, a device synchronisation that serialised host and device work (17 instead of 11 ms a step
     on an H100); and on JAX, ``self.model`` copies the state back from the device, so it is touched
     only to back up.
+
+    ``before_write``: optional, called in the training thread at each backup; the callable it returns
+    (if any) runs in the writer's thread before the backup is written. The run gives
+    :meth:`uniclr_tf.callbacks.HistoryRecorder.pending_write`, so the history of every backed-up epoch
+    is on disk before the backup is.
     """
 
-    def __init__(self, writer, progress, every_s=600.0, stop_after_steps=0, interrupts=None, method=None):
+    def __init__(self, writer, progress, every_s=600.0, stop_after_steps=0, interrupts=None, method=None,
+                 before_write=None):
         super().__init__()
         self.writer, self.progress = writer, progress
+        self.before_write = before_write
         self.every_s, self.stop_after_steps = float(every_s), int(stop_after_steps)
         self.interrupts, self.method = interrupts, method
         self._last_save = time.monotonic()
@@ -346,7 +357,8 @@ class BackupCallback(keras.callbacks.Callback):
             return  # not this process's job; no step yet in this invocation; or this step is backed up
         values = snapshot(self.model)  # self.model synchronises the state on JAX
         completed = p.step // p.steps_per_epoch
-        self.writer.submit(values, completed, p.step, reason, background=background)
+        after = self.before_write() if self.before_write is not None else None
+        self.writer.submit(values, completed, p.step, reason, background=background, after=after)
         self._last_save = time.monotonic()
 
     def on_train_batch_begin(self, batch, logs=None):

@@ -27,6 +27,7 @@ import itertools
 import json
 import math
 import os
+import re
 import threading
 
 import numpy as np
@@ -250,6 +251,25 @@ def _temp_path(path):
     with _COUNTER_LOCK:
         n = next(_COUNTER)
     return os.path.join(folder, f"{stem}.tmp-{os.getpid()}-{n}{suffix}")
+
+
+_TEMP_NAME = re.compile(r"\.tmp-\d+-\d+")  # what _temp_path names
+
+
+def remove_temporaries(folder):
+    """Removes the temporary files that atomic writes of an earlier process, killed mid-write, left
+    in ``folder`` and below (a resumed run's folder, before anything writes to it); returns their paths."""
+    removed = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if _TEMP_NAME.search(name):
+                path = os.path.join(root, name)
+                try:
+                    os.remove(path)
+                    removed.append(path)
+                except OSError:
+                    pass
+    return removed
 
 
 def _fsync_path(path, directory=False):

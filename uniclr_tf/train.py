@@ -333,6 +333,8 @@ def run(cfg):
     # same folder (shared storage) and reach the same decision.
     if chief:
         status, found = prepare_run_folder(cfg, run_dir)
+        if status != "new":  # what a process killed mid-write (kill -9) left behind
+            runs.remove_temporaries(run_dir)
         if status != "finished":
             _write_run_files(run_dir, cfg, augmenter, info, size)
     distribute.barrier("run folder prepared", num_processes, strategy)
@@ -397,7 +399,7 @@ def run(cfg):
     with backup.Interrupts() as interrupts:
         saver = backup.BackupCallback(writer, progress, every_s=60.0 * cfg.backup_every_minutes,
                                       stop_after_steps=cfg.stop_after_steps, interrupts=interrupts,
-                                      method=cfg.method)
+                                      method=cfg.method, before_write=history.pending_write if chief else None)
         if chief:
             callbacks += [history, CollapseWarning(int(cfg.projector_dims[-1]))]
         if data.have_tensorflow() and chief:  # Keras's TensorBoard callback writes through tf.summary
