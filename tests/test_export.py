@@ -251,10 +251,10 @@ def test_check_export_detects_a_different_model(exported):
 
 
 def test_check_export_passes_a_resnet18_with_trained_batch_norm(tmp_path):
-    """With BN statistics and affine terms away from their initial values (as after training), TF's
-    graph optimiser folds a ResNet-18's batch norms into its convolutions in the SavedModel, and
-    float32 rounding then differs from eager Keras by ~1e-4 on features of size ~100 (1e-5 on a real
-    Fashion-MNIST run): an absolute 1e-5 limit refused such an export. The limit is relative."""
+    """With BN statistics and affine terms away from their initial values (as after training), the
+    SavedModel's graph (optimised by Grappler) and eager Keras round a ResNet-18 differently in
+    float32: ~1e-4 on features of size ~100 here, 1e-5 on a real Fashion-MNIST run (identity BN:
+    bit-exact). An absolute 1e-5 limit refused such an export; the limit is relative."""
     run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "export")
     make_run(run_dir, encoder_name="resnet18", width=0, projector_dims=(256, 64))
     export.export_run(run_dir, out_dir)
