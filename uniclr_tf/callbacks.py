@@ -233,10 +233,15 @@ class HistoryRecorder(keras.callbacks.Callback):
     def wait(self):
         """Waits for the background writes and drawing, if any (without raising their errors: called
         while another may be on its way; :meth:`write` raises them)."""
+        self._drain_writes()
+        self._join_plotter()
+
+    def _drain_writes(self):
+        """Waits for the background history writes still queued and stops their thread."""
         if self._files_pool is not None:
             self._files_pool.shutdown(wait=True)
             self._files_pool = None
-        self._join_plotter()
+        self._files = None
 
     def _join_plotter(self):
         if self._plotter is not None:
@@ -246,10 +251,7 @@ class HistoryRecorder(keras.callbacks.Callback):
     def write(self, plot=True):
         """Writes history.json and log.csv now (after the background writes, whose error it raises),
         and (``plot``) the curves, after any drawing still going on."""
-        if self._files_pool is not None:
-            self._files_pool.shutdown(wait=True)
-            self._files_pool = None
-        self._files = None
+        self._drain_writes()
         self._raise_failed_write()
         self._write_files(self.epochs)
         if plot:
