@@ -28,7 +28,9 @@ After a run ends well, ``--linear_eval FLAGS`` runs ``python -m uniclr_tf.linear
 ``OUT/NAME/`` gets a copy of the run's small files (history.json, metrics.json, flags.txt,
 linear_eval.json) and its logs; ``OUT/summary.json`` and ``OUT/summary.md`` the table: kNN top-1 at
 epochs 25/50/100/200 (from the kNN monitor), the final kNN, the linear top-1, the embedding std at
-the end, wall-clock and training images/s (epochs 2.., kNN excluded), for every run the plan names.
+the end, wall-clock and training images/s (epochs 2.., kNN excluded), for every run the plan names. A run
+resumed across calls counts the wall-clock of all its invocations, and its images/s leaves out the first
+epoch of each (the compile).
 """
 
 import argparse
@@ -118,8 +120,16 @@ def summarise(out, runs, also=()):
         sections = [v for k, v in linear.items() if k.startswith("linear[") and isinstance(v, dict)]
         row["linear_top1"] = sections[0].get("top1") if sections else None
         row["embedding_std_final"] = history[-1].get("embedding_std") if history else None
-        row["wall_seconds"] = round(history[-1]["wall_seconds"], 1) if history and "wall_seconds" in history[-1] else None
-        later = history[1:]
+        # a resumed run's history continues, but ``wall_seconds`` counts from each invocation's start: an
+        # invocation ends where the next entry's is smaller. Wall-clock sums the invocations; images/s
+        # leaves out each invocation's first epoch (its compile), as it leaves out a single run's epoch 1.
+        starts = [0] + [i for i in range(1, len(history))
+                        if history[i].get("wall_seconds", 0.0) < history[i - 1].get("wall_seconds", 0.0)]
+        ends = [i - 1 for i in starts[1:]] + [len(history) - 1]
+        row["invocations"] = len(starts) if history else 0
+        row["wall_seconds"] = (round(sum(history[i]["wall_seconds"] for i in ends), 1)
+                               if history and all("wall_seconds" in history[i] for i in ends) else None)
+        later = [e for i, e in enumerate(history) if i not in starts]
         steps = metrics.get("steps", 0) / max(len(history), 1)
         batch = int(_flag(flags, "batch_size", 0) or (_json(os.path.join(folder, "config.json")) or {}).get("batch_size", 0))
         seconds = sum(e.get("step_seconds", 0.0) for e in later)

@@ -54,25 +54,30 @@ def main(argv=None):
     parser.add_argument("--title", default="")
     parser.add_argument("--reference", type=float, default=None, help="a horizontal line (e.g. raw-pixel kNN)")
     parser.add_argument("--reference_label", default="raw pixels")
+    parser.add_argument("--ylim", default="", help="LOW,HIGH of the y axis (default: all the points)")
     args = parser.parse_args(argv)
 
     outside = len(args.runs) > 6  # a long legend goes beside the axes, not over the curves
     figure = Figure(figsize=(9.5 if outside else 7, 4.5), dpi=110)
     axes = figure.subplots()
-    for spec in args.runs:
+    for index, spec in enumerate(args.runs):
+        # the colour cycle has 10 colours: the 11th curve on repeats them, dashed, so no two curves look alike
+        style = {"marker": ".", "linestyle": ("-", "--", ":")[index // 10 % 3]}
         label, _, folder = spec.rpartition("=") if "=" in spec else ("", "", spec)
         folders = folder.split(",")
         label = label or os.path.basename(folders[0].rstrip("/"))
         if len(folders) == 1:
             epochs, values = curve(folder, args.metric)
-            axes.plot(list(epochs), list(values), marker=".", label=label)
+            axes.plot(list(epochs), list(values), label=label, **style)
             continue
         epochs, means, stds = mean_curve(folders, args.metric)
-        line, = axes.plot(epochs, means, marker=".", label=f"{label} ({len(folders)} seeds)")
+        line, = axes.plot(epochs, means, label=f"{label} ({len(folders)} seeds)", **style)
         axes.fill_between(epochs, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
                           color=line.get_color(), alpha=0.2, linewidth=0)
     if args.reference is not None:
         axes.axhline(args.reference, color="grey", linestyle="--", linewidth=1, label=args.reference_label)
+    if args.ylim:
+        axes.set_ylim(*(float(v) for v in args.ylim.split(",")))
     axes.set_xlabel("epoch")
     axes.set_ylabel({"knn_top1": "kNN top-1 (k 200, T 0.1, 60k bank)"}.get(args.metric, args.metric))
     axes.set_title(args.title, fontsize=10)

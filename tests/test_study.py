@@ -59,6 +59,22 @@ def test_summary_reads_history_metrics_linear_and_exit_codes(tmp_path):
     assert table.splitlines()[2].startswith("| done | 50 |") and "0.8250" in table
 
 
+def test_summary_of_a_resumed_run_sums_its_invocations(tmp_path):
+    """A run stopped at epoch 30 and resumed: ``wall_seconds`` restarts with the second process."""
+    folder = tmp_path / "out" / "resumed"
+    folder.mkdir(parents=True)
+    first = [{"epoch": e, "step_seconds": 30.0 if e == 1 else 2.0, "wall_seconds": 10.0 * e} for e in range(1, 31)]
+    second = [{"epoch": e, "step_seconds": 25.0 if e == 31 else 4.0, "wall_seconds": 12.0 * (e - 30)}
+              for e in range(31, 51)]
+    (folder / "history.json").write_text(json.dumps(first + second))
+    (folder / "metrics.json").write_text(json.dumps({"status": "finished", "steps": 50 * 10}))
+    row = study.summarise(str(tmp_path / "out"), [("resumed", ["--batch_size=100"])])[0]
+    assert row["invocations"] == 2 and row["epochs_done"] == 50
+    assert row["wall_seconds"] == 300.0 + 240.0
+    # epochs 2-30 (29 x 2 s) and 32-50 (19 x 4 s): the two compiles left out
+    assert row["images_per_second"] == round(48 * 10 * 100 / (29 * 2.0 + 19 * 4.0))
+
+
 def test_per_gpu_runs_share_a_gpu_at_once_with_a_memory_share(tmp_path):
     """--per_gpu=2 on one GPU: two runs overlap in time, each told to take 0.45 of the GPU's memory."""
     fake = tmp_path / "fake-python"  # stands in for the interpreter: records its env and a time span
