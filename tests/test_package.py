@@ -143,6 +143,18 @@ def test_console_script_errors_still_exit_non_zero(venv, tmp_path):
     assert "missing" in proc.stderr
 
 
+def test_a_stray_word_after_the_flags_is_refused_naming_it(tmp_path):
+    """A flagfile given without ``--flagfile=`` is a word absl leaves after the flags: every CLI
+    (``flagutil.run_cli``) refuses it with a usage error naming it, before anything is written."""
+    env = {**_clean_env(), "PYTHONPATH": str(REPO_ROOT), "KERAS_BACKEND": "jax"}
+    proc = subprocess.run([sys.executable, "-m", "uniclr_tf.train", "--flagfile=configs/quickstart.flags",
+                           "configs/simtrace.flags", f"--run_dir={tmp_path / 'runs'}"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, env=env)
+    assert proc.returncode == 1, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "Unexpected arguments: configs/simtrace.flags" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_license_is_apache_2_and_notice_names_the_paper():
     text = (REPO_ROOT / "LICENSE").read_text(encoding="utf-8")
     assert "Apache License" in text and "Version 2.0, January 2004" in text

@@ -130,11 +130,22 @@ def grouped_help(doc, groups, flag_values=None, width=100):
 _HELP_ARGS = ("--help", "-help", "-h", "--helpshort", "-?", "--?")
 
 
+def _refusing_stray_arguments(main):
+    """``main`` behind the check every CLI of the package makes first: absl passes the words left
+    after the flags (``argv[1:]``), and none of our CLIs takes any, so a stray word (a flag with its
+    ``--`` forgotten, a path without ``--run_dir=``) is a usage error naming it rather than ignored."""
+    def checked(argv):
+        if len(argv) > 1:
+            raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+        return main(argv)
+    return checked
+
+
 def run_cli(module_name, doc, main, groups=None):
     """Runs ``main`` with absl, as the ``python -m`` form and the console scripts of pyproject.toml do
     (the flags must be defined already). ``--help`` prints ``doc`` and the flags by group (``groups``:
     ``[(title, [flag names])]``; default: the module's own flags) with their defaults, and exits 0;
-    ``--helpfull`` is absl's listing."""
+    ``--helpfull`` is absl's listing. Words left after the flags are refused (a usage error)."""
     if any(a in _HELP_ARGS for a in sys.argv[1:]):
         if groups is None:
             names = [f.name for f in flags.FLAGS.get_key_flags_for_module(module_name)]
@@ -149,7 +160,7 @@ def run_cli(module_name, doc, main, groups=None):
         for flag in flags.FLAGS.get_key_flags_for_module(module_name):
             flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     try:
-        app.run(main)
+        app.run(_refusing_stray_arguments(main))
     except SystemExit as e:
         asked = any(a.lstrip("-").split("=")[0] in ("help", "?", "helpshort", "helpfull") for a in sys.argv[1:])
         if e.code == 1 and asked and not flags.FLAGS.is_parsed():

@@ -673,11 +673,7 @@ def main(argv):
 def run_main(argv, read_config, run_fn):
     """The body of an evaluation CLI's ``main`` (``linear_eval``, ``finetune``): the config from the
     flags, the run folder checked, then ``run_fn(cfg)``; a bad flag, run folder or dataset stops with
-    one ``error:`` line."""
-    from absl import app
-
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    one ``error:`` line (words left after the flags are refused before, by ``flagutil.run_cli``)."""
     try:
         cfg = read_config()
         check_run_dir(cfg.run_dir)

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from absl import app, flags
+from absl import flags
 
 from uniclr_tf import flagutil
 from uniclr_tf.config import AUGMENT_ON, BATCH_NORMS, ENCODERS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
@@ -555,8 +555,6 @@ def _record_failure(run_dir, cfg, status, reason, progress):
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     from uniclr_tf import backup
     from uniclr_tf.data import DataError, bad_file_message
     from uniclr_tf.runs import RunFolderError

@@ -24,7 +24,7 @@ import math
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("folder", None, "The image folder (as for --dataset=folder:PATH).")
@@ -139,8 +139,6 @@ def convert(folder, out, shards=0, holdout_fraction=0.1, skip_bad_files=False, o
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     if not FLAGS.folder or not FLAGS.out:
         sys.exit("error: --folder and --out are required")
     from uniclr_tf.data.spec import DataError

@@ -435,11 +435,9 @@ def define_flags(flag_values=None):
 
 
 def main(argv):
-    from absl import app, flags, logging
+    from absl import flags, logging
     logging.set_verbosity(logging.WARNING)
     fv = flags.FLAGS
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     if not fv.run_dir:
         sys.exit("error: --run_dir is required (the finished run folder written by uniclr_tf.train)")
     if not fv.out:
