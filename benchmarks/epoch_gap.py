@@ -13,8 +13,11 @@ the training thread): the fetch to the host, the finite check, the file write. P
 first two epochs left out: compiles) and writes them with every sample to ``--out``.
 
 ``--variant`` changes one thing, to tell causes apart in one job: ``no_epoch_backup`` (epoch-end
-backups skipped, the last one kept), ``switch_interval_1ms`` (``sys.setswitchinterval(0.001)``: the
-training thread gets the GIL back sooner from the writer's thread).
+backups skipped, the last one kept), ``one_piece`` (the backup fetched from the device in one
+transfer per dtype, without pauses: the code before the fetch was cut into pieces),
+``switch_interval_1ms`` (``sys.setswitchinterval(0.001)``: the training thread gets the GIL back
+sooner from the writer's thread). Also recorded: each epoch's ``step_seconds`` (a backup fetched
+while the steps run may slow them instead).
 """
 
 import argparse
@@ -68,6 +71,8 @@ def instrument(variant):
     def on_epoch_end(self, epoch, logs=None):
         clock_end(self, epoch, logs)
         MARKS["end"].append(time.perf_counter())
+        if logs and "step_seconds" in logs:
+            SAMPLES["steps of an epoch (step_seconds)"].append(logs["step_seconds"])
 
     def on_epoch_begin(self, epoch, logs=None):
         MARKS["begin"].append(time.perf_counter())
@@ -83,6 +88,8 @@ def instrument(variant):
                 return None
             return original(self, epoch, logs)
         backup.BackupCallback.on_epoch_end = skip
+    elif variant == "one_piece":
+        backup.CHUNK_BYTES, backup.FETCH_PAUSE_S = 1 << 62, 0.0
     elif variant == "switch_interval_1ms":
         sys.setswitchinterval(0.001)
     elif variant != "default":
@@ -104,7 +111,7 @@ def summary(skip=2):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="", help="write the table and the samples here (JSON)")
-    parser.add_argument("--variant", default="default", choices=("default", "no_epoch_backup", "switch_interval_1ms"))
+    parser.add_argument("--variant", default="default", choices=("default", "no_epoch_backup", "one_piece", "switch_interval_1ms"))
     args, train_args = parser.parse_known_args()
     train_args = [a for a in train_args if a != "--"]
     from absl import flags

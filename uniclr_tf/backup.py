@@ -91,9 +91,11 @@ def snapshot(model):
     (on JAX, the next step donates the state's buffers; on TF a read, which resource variables keep
     intact under later writes). :func:`to_host` fetches it.
 
-    On JAX (one process) the copy is one compiled call that packs the values into one flat array
-    per dtype, fetched later in a few transfers: fetching ~300 arrays one by one held the GIL for
-    about 0.1 s a backup, time the training thread then waited for at every epoch end."""
+    On JAX (one process) the copy is one compiled call that packs the values into flat pieces of at
+    most :data:`CHUNK_BYTES` per dtype (:class:`Packed`), fetched later piece by piece: fetching ~300
+    arrays one by one held the GIL for about 0.1 s a backup, and fetching one 130 MB array (a
+    ResNet-18's weights and momenta) held up the next epoch's first step by ~85 ms on an H200: time
+    the training thread waited for at every epoch end."""
     variables = _variables(model)
     if keras.backend.backend() == "jax":
         import jax
@@ -103,51 +105,103 @@ def snapshot(model):
     return [(v.path, v.value) for v in variables]
 
 
-class Packed:
-    """Values packed on the device (JAX): one flat array per dtype, and where each value lies in it."""
+#: The size of a piece of a backup fetched from an accelerator at once (JAX; on a CPU a backup is
+#: one piece). While a piece is being fetched the training thread cannot run Python, so a piece must
+#: be short next to the work queued on the device (130 MB in one piece stalled the next epoch's first
+#: step by ~85 ms on an H200). Between two pieces the writer sleeps :data:`FETCH_PAUSE_S`.
+CHUNK_BYTES = 4 << 20
+FETCH_PAUSE_S = 0.002
 
-    def __init__(self, paths, values):
+
+class Packed:
+    """Values packed on the device (JAX): per dtype, one flat vector cut into pieces of at most
+    ``chunk_bytes`` (the last one padded), and where each value lies in it."""
+
+    def __init__(self, paths, values, chunk_bytes=None):
         self.paths = list(paths)
         self.layout = [(str(v.dtype), tuple(v.shape)) for v in values]
         groups = {}
         for i, (dtype, _) in enumerate(self.layout):
             groups.setdefault(dtype, []).append(i)
         self.groups = {d: tuple(idx) for d, idx in groups.items()}
-        self.flat = _packer(tuple(self.groups.items()))(tuple(values))
+        if chunk_bytes is None:  # on a CPU the "transfer" is a copy in memory: one piece
+            chunk_bytes = CHUNK_BYTES if _platform(values) != "cpu" else 1 << 62
+        self.chunk = {d: max(min(int(chunk_bytes) // np.dtype(d).itemsize, sum(self.sizes(d))), 1)
+                      for d in self.groups}
+        self.pieces = _packer(tuple(self.groups.items()), tuple(sorted(self.chunk.items())))(tuple(values))
+
+    def sizes(self, dtype):
+        return [int(np.prod(self.layout[i][1], dtype=np.int64)) for i in self.groups[dtype]]
+
+    def fetch(self, pause=0.0):
+        """``{dtype: flat NumPy vector}``, fetched one piece at a time, ``pause`` seconds between two."""
+        import jax
+        flat, fetched = {}, 0
+
+        def get(piece):
+            nonlocal fetched
+            if pause and fetched:
+                time.sleep(pause)  # the training thread's turn
+            fetched += 1
+            return np.asarray(jax.device_get(piece))
+
+        for dtype, pieces in self.pieces.items():
+            total, chunk = sum(self.sizes(dtype)), self.chunk[dtype]
+            if len(pieces) == 1:  # no copy
+                flat[dtype] = get(pieces[0])[:total]
+                continue
+            out = np.empty(len(pieces) * chunk, dtype=pieces[0].dtype)
+            for k, piece in enumerate(pieces):
+                out[k * chunk:(k + 1) * chunk] = get(piece)
+            flat[dtype] = out[:total]
+        return flat
 
     def unpack(self, flat):
         """``[(path, NumPy array)]`` from the fetched flat arrays (views, no copies)."""
         out = [None] * len(self.paths)
         for dtype, idx in self.groups.items():
             offset = 0
-            for i in idx:
-                shape = self.layout[i][1]
-                n = int(np.prod(shape, dtype=np.int64))
-                out[i] = (self.paths[i], flat[dtype][offset:offset + n].reshape(shape))
+            for i, n in zip(idx, self.sizes(dtype)):
+                out[i] = (self.paths[i], flat[dtype][offset:offset + n].reshape(self.layout[i][1]))
                 offset += n
         return out
+
+
+def _platform(values):
+    try:
+        return next(iter(values[0].devices())).platform
+    except (AttributeError, IndexError, StopIteration):
+        return "cpu"
 
 
 _PACKERS = {}
 
 
-def _packer(groups):
-    """A jitted ``values -> {dtype: flat array}`` for one grouping (compiled once per model)."""
-    if groups not in _PACKERS:
+def _packer(groups, chunks):
+    """A jitted ``values -> {dtype: (piece, ...)}`` for one grouping (compiled once per model)."""
+    key = (groups, chunks)
+    if key not in _PACKERS:
         import jax
         import jax.numpy as jnp
+        chunk = dict(chunks)
 
         def pack(values):
-            return {d: jnp.concatenate([jnp.ravel(values[i]) for i in idx]) for d, idx in groups}
-        _PACKERS[groups] = jax.jit(pack)
-    return _PACKERS[groups]
+            out = {}
+            for d, idx in groups:
+                flat = jnp.concatenate([jnp.ravel(values[i]) for i in idx])
+                pieces = -(-flat.shape[0] // chunk[d])
+                flat = jnp.pad(flat, (0, pieces * chunk[d] - flat.shape[0])).reshape(pieces, chunk[d])
+                out[d] = tuple(flat[k] for k in range(pieces))
+            return out
+        _PACKERS[key] = jax.jit(pack)
+    return _PACKERS[key]
 
 
-def to_host(values):
-    """A snapshot's values as ``[(path, NumPy array)]`` (all transfers at once on JAX)."""
+def to_host(values, pause=0.0):
+    """A snapshot's values as ``[(path, NumPy array)]``; on JAX fetched in pieces, ``pause`` seconds
+    apart (the writer thread's courtesy to the training thread)."""
     if isinstance(values, Packed):
-        import jax
-        return values.unpack({d: np.asarray(a) for d, a in jax.device_get(values.flat).items()})
+        return values.unpack(values.fetch(pause))
     if keras.backend.backend() == "jax":
         import jax
         arrays = jax.device_get([value for _, value in values])
@@ -205,11 +259,11 @@ class Writer:
         self._error = None
         self.last = latest(run_dir) if os.path.isdir(run_dir) else None
 
-    def _run(self, values, epoch, step, reason, after=None):
+    def _run(self, values, epoch, step, reason, after=None, pause=0.0):
         try:
             if after is not None:  # e.g. the history files of the backed-up epochs are on disk first
                 after()
-            values = to_host(values)
+            values = to_host(values, pause)
             bad = non_finite_weights(values)
             if bad:  # never replace the last finite backup
                 raise TrainingDiverged(divergence_message(epoch + 1, step, [], bad, self.method))
@@ -240,7 +294,8 @@ class Writer:
             self._run(values, epoch, step, reason, after)
             return self.wait()
         import threading
-        self._thread = threading.Thread(target=self._run, args=(values, epoch, step, reason, after), daemon=False)
+        self._thread = threading.Thread(target=self._run, args=(values, epoch, step, reason, after, FETCH_PAUSE_S),
+                                        daemon=False)
         self._thread.start()
 
 
