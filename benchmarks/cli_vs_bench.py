@@ -18,6 +18,8 @@
      outside steps and kNN (backups, history, curves).
 
 Prints a table and writes the JSON. Any flags after ``--`` go to the train command.
+``--summarise=RUN_DIR --model_rate=N --process_seconds=S`` prints the same table for a run already
+made (e.g. a rerun of the CLI with the compilation cache warm, in a later device call).
 """
 
 import argparse
@@ -66,8 +68,22 @@ def main():
     parser.add_argument("--warm_rerun", action="store_true",
                         help="run the CLI a second time, in a new folder, with the compilation cache warm")
     parser.add_argument("--work", default="", help="folder for run folders and logs (default: a temp folder)")
+    parser.add_argument("--summarise", default="", metavar="RUN_DIR",
+                        help="no runs: the table of a finished run folder (with --model_rate and --process_seconds)")
+    parser.add_argument("--model_rate", type=float, default=0.0, help="the bench's model-only images/s (--summarise)")
+    parser.add_argument("--process_seconds", type=float, default=0.0, help="the CLI process's wall-clock (--summarise)")
     args, train_extra = parser.parse_known_args()
     train_extra = [a for a in train_extra if a != "--"]
+    if args.summarise:
+        if args.model_rate <= 0 or args.process_seconds <= 0:
+            parser.error("--summarise needs --model_rate and --process_seconds")
+        result = summarise_run(args.summarise, args.model_rate, args.process_seconds, "(an earlier run)")
+        print_rows(result, args.model_rate)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=2)
+            print(f"wrote {args.out}")
+        return
     work = args.work or tempfile.mkdtemp(prefix="cli-vs-bench-")
     os.makedirs(work, exist_ok=True)
     flags = parse_flagfile(args.flagfile)
@@ -115,7 +131,12 @@ def measure_cli(py, args, work, name, train_extra, cache, model_rate):
                  f"--run_name={name}", f"--compilation_cache_dir={cache}", "--overwrite", "--verbose=2",
                  *train_extra]
     cli_seconds = run(train_cmd, os.path.join(work, f"{name}.log"))
-    run_dir = os.path.join(work, name)
+    return summarise_run(os.path.join(work, name), model_rate, cli_seconds, " ".join(train_cmd[1:]))
+
+
+def summarise_run(run_dir, model_rate, cli_seconds, train_command):
+    """The measures of the module doc from a finished run folder (its history.json, metrics.json and
+    config.json), the bench's model-only images/s and the CLI process's wall-clock."""
     with open(os.path.join(run_dir, "history.json")) as f:
         history = json.load(f)
     with open(os.path.join(run_dir, "metrics.json")) as f:
@@ -161,7 +182,7 @@ def measure_cli(py, args, work, name, train_extra, cache, model_rate):
         **clocks,
         "epochs": len(history), "steps_per_epoch": steps, "batch_size": batch,
         "final_knn_top1": metrics.get("knn_top1"), "raw_pixel_knn_top1": metrics.get("raw_pixel_knn_top1"),
-        "train_command": " ".join(train_cmd[1:]),
+        "train_command": train_command,
     }
     return result
 

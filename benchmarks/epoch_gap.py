@@ -122,8 +122,11 @@ def main():
     cfg = train.config_from_flags()
     instrument(args.variant)
     start = time.perf_counter()
+    from uniclr_tf import backup
     try:
         train.run(cfg)
+    except backup.TrainingStopped as e:  # --stop_after_steps: the epochs measured are enough
+        print(e)
     finally:
         table, samples = summary()
         print(f"\n== epoch boundaries, variant {args.variant} (medians without the first two epochs) ==")

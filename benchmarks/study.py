@@ -312,8 +312,9 @@ def run_all(args, common, runs):
             run_folder = os.path.join(args.runs_dir, name)
             collect(run_folder, os.path.join(args.out, name))
             exits_path = os.path.join(args.out, name, "exits.json")
+            exits = {**(_json(exits_path) or {}), phase: code}  # read before the file is truncated
             with open(exits_path, "w") as f:
-                json.dump({**(_json(exits_path) or {}), phase: code}, f)
+                json.dump(exits, f)
             print(f"[{time.time() - start:6.0f}s] gpu {gpu}: {phase} {name} exit {code}", flush=True)
             if phase == "train" and code == 0 and args.linear_eval is not None and not stopping:
                 done = _json(os.path.join(run_folder, "linear_eval.json"))

@@ -130,3 +130,16 @@ def test_study_plots_mean_curve_over_seeds(tmp_path):
     out = tmp_path / "plot.png"
     study_plots.main([f"--out={out}", "A=" + ",".join(folders), f"B={folders[0]}"])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_exit_codes_of_training_and_linear_evaluation_are_both_kept(tmp_path):
+    """exits.json holds every phase's code: the linear evaluation's did overwrite the training's."""
+    fake = tmp_path / "fake-python"  # "-m uniclr_tf.train": exits 0; "-m uniclr_tf.linear_eval": exits 3
+    fake.write_text("#!/bin/sh\ncase \"$2\" in *linear_eval) exit 3;; esac\nexit 0\n")
+    fake.chmod(0o755)
+    plan = write(tmp_path / "p.plan", "a --seed=1\n")
+    study.main([f"--plan={plan}", f"--out={tmp_path / 'out'}", "--gpus=cpu", f"--python={fake}",
+                f"--runs_dir={tmp_path / 'runs'}", "--linear_eval=--augment_on=device"])
+    assert json.loads((tmp_path / "out" / "a" / "exits.json").read_text()) == {"train": 0, "linear_eval": 3}
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["rows"][0]["status"] == "linear_eval exit 3"
