@@ -106,9 +106,10 @@ def snapshot(model):
 
 
 #: The size of a piece of a backup fetched from an accelerator at once (JAX; on a CPU a backup is
-#: one piece). While a piece is being fetched the training thread cannot run Python, so a piece must
-#: be short next to the work queued on the device (130 MB in one piece stalled the next epoch's first
-#: step by ~85 ms on an H200). Between two pieces the writer sleeps :data:`FETCH_PAUSE_S`.
+#: one piece). While a piece is being fetched, the training thread's next device work waits for it
+#: (130 MB in one piece held up the next epoch's first step by ~85 ms on an H200; whether through the
+#: GIL or the transfer was not told apart), so a piece must be short next to the work queued on the
+#: device. Between two pieces the writer sleeps :data:`FETCH_PAUSE_S`.
 CHUNK_BYTES = 4 << 20
 FETCH_PAUSE_S = 0.002
 
