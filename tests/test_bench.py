@@ -62,6 +62,38 @@ def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
     assert 0 < result["ratios"]["c_device_aug/a_model_only"]
 
 
+def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(tmp_path):
+    """benchmarks.epoch_gap on a real (tiny, JAX) run: every piece of the epoch boundary is timed, the
+    variant is applied and recorded; then cli_vs_bench --summarise reads the same run folder."""
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT)}
+    gap_json = tmp_path / "gap.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.epoch_gap", "--variant=one_piece", f"--out={gap_json}", "--",
+         "--flagfile=configs/quickstart.flags", "--encoder_width=8", "--projector_dims=64,32", "--batch_size=64",
+         "--max_examples=512", "--knn_max_train=512", "--warmup_epochs=0", "--nopictures", "--augment_on=device",
+         "--epochs=5", "--steps_per_epoch=2", "--knn_every=0", f"--run_dir={tmp_path}", "--run_name=g", "--verbose=2"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "== epoch boundaries, variant one_piece" in proc.stdout
+    report = json.loads(gap_json.read_text())
+    assert report["variant"] == "one_piece"
+    table, samples = report["table"], report["samples"]
+    assert len(samples["gap between epochs (device idle)"]) == 4  # between 5 epochs
+    assert all(0 < g < 60 for g in samples["gap between epochs (device idle)"])
+    assert len(samples["BackupCallback.on_epoch_end"]) == 5 and len(samples["keras reset_metrics"]) >= 5
+    assert table["writer thread: to_host"]["n"] >= 1 and table["steps of an epoch (step_seconds)"]["n"] >= 1
+
+    summary_json = tmp_path / "summary.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.cli_vs_bench", f"--summarise={tmp_path / 'g'}",
+                           "--model_rate=1000", "--process_seconds=100", f"--out={summary_json}"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(summary_json.read_text())
+    assert result["epochs"] == 5 and result["steps_per_epoch"] == 2 and result["batch_size"] == 64
+    assert 0 <= result["share_outside_training_steps_measured"] < 1
+    assert result["cli_training_images_per_s"] > 0 and "ratio CLI / bench" in proc.stdout
+
+
 def test_bad_sections_flag_is_a_usage_error():
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--quick", "--sections=a,x"],
