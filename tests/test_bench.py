@@ -65,13 +65,12 @@ def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
 def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(tmp_path):
     """benchmarks.epoch_gap on a real (tiny, JAX) run: every piece of the epoch boundary is timed, the
     variant is applied and recorded; then cli_vs_bench --summarise reads the same run folder."""
+    from tests.test_resilience import TINY  # the resilience tests' tiny run
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT)}
     gap_json = tmp_path / "gap.json"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.epoch_gap", "--variant=one_piece", f"--out={gap_json}", "--",
-         "--flagfile=configs/quickstart.flags", "--encoder_width=8", "--projector_dims=64,32", "--batch_size=64",
-         "--max_examples=512", "--knn_max_train=512", "--warmup_epochs=0", "--nopictures", "--augment_on=device",
-         "--epochs=5", "--steps_per_epoch=2", "--knn_every=0", f"--run_dir={tmp_path}", "--run_name=g", "--verbose=2"],
+         *TINY, "--augment_on=device", "--epochs=5", "--steps_per_epoch=2", "--knn_every=0", f"--run_dir={tmp_path}", "--run_name=g", "--verbose=2"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "== epoch boundaries, variant one_piece" in proc.stdout
