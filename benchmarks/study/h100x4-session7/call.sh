@@ -22,7 +22,7 @@ chain() {  # GPU PLAN:RUN ...
       --gpus=$gpu --time_limit=$left --min_start=100 --only=$name --linear_eval="$LE"
   done >> /tmp/res/chain$gpu.log 2>&1
 }
-chain 0 recipe:simwhitening-sgd-t0.2-e200-s1 methods200:simaffinity-ema-e200 methods200:co2-e200-s1 &
+chain 0 recipe:simwhitening-sgd-t0.2-e200-s1 methods200:co2-e200-s1 &
 chain 1 recipe:simwhitening-sgd-t0.2-e200-s2 methods200:simaffinity-ema-pred-e200 methods200:co2-e200-s2 &
 chain 2 recipe:simtrace-sgd-e200-s1 methods200:moco_v2-e200-s1 methods200:moco_v2-e200-s2 &
 chain 3 recipe:simtrace-sgd-e200-s2 methods200:moco_v3-e200-s1 methods200:moco_v3-e200-s2 &
