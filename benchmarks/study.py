@@ -254,6 +254,14 @@ def _gpus(spec):
     return [str(i) for i in range(count)] or ["cpu"]
 
 
+def train_flags(common, name, flags, runs_dir):
+    """The train CLI's flags for run ``name``: its flagfiles, then the plan's common flags, then its own
+    (absl lets a later flag win), then the run folder."""
+    flagfiles = [f for f in flags if f.startswith("--flagfile=")]
+    own = [f for f in flags if not f.startswith("--flagfile=")]
+    return [*flagfiles, *common, *own, f"--run_dir={runs_dir}", f"--run_name={name}", "--verbose=2", "--nopictures"]
+
+
 def run_all(args, common, runs):
     start = time.time()
     deadline = start + args.time_limit if args.time_limit else None
@@ -282,12 +290,6 @@ def run_all(args, common, runs):
         busy[slot] = (name, subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
                      phase, log)
 
-    def train_command(name, flags):
-        flagfiles = [f for f in flags if f.startswith("--flagfile=")]
-        own = [f for f in flags if not f.startswith("--flagfile=")]
-        return [args.python, "-m", "uniclr_tf.train", *flagfiles, *common, *own, f"--run_dir={args.runs_dir}",
-                f"--run_name={name}", "--verbose=2", "--nopictures"]
-
     stopping = False
     while queue or busy:
         now = time.time()
@@ -299,7 +301,8 @@ def run_all(args, common, runs):
         can_start = not stopping and (deadline is None or now < deadline - args.min_start)
         while free and queue and can_start:
             name, flags = queue.pop(0)
-            launch(free.pop(0), name, "train", train_command(name, flags))
+            launch(free.pop(0), name, "train", [args.python, "-m", "uniclr_tf.train",
+                                                *train_flags(common, name, flags, args.runs_dir)])
         for slot, (name, process, phase, log) in list(busy.items()):
             gpu = slot[0]
             code = process.poll()
