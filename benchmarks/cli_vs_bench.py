@@ -79,10 +79,7 @@ def main():
             parser.error("--summarise needs --model_rate and --process_seconds")
         result = summarise_run(args.summarise, args.model_rate, args.process_seconds, "(an earlier run)")
         print_rows(result, args.model_rate)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=2)
-            print(f"wrote {args.out}")
+        write_json(result, args.out)
         return
     work = args.work or tempfile.mkdtemp(prefix="cli-vs-bench-")
     os.makedirs(work, exist_ok=True)
@@ -118,10 +115,15 @@ def main():
             [("warm compilation cache (rerun)", result["warm_cache_rerun"])] if args.warm_rerun else []):
         print(f"\n{label:<52} {'value':>12}")
         print_rows(res, model_rate)
-    if args.out:
-        with open(args.out, "w") as f:
+    write_json(result, args.out)
+
+
+def write_json(result, out):
+    """Writes ``result`` to ``out`` (nothing when ``out`` is empty)."""
+    if out:
+        with open(out, "w") as f:
             json.dump(result, f, indent=2)
-        print(f"wrote {args.out}")
+        print(f"wrote {out}")
 
 
 def measure_cli(py, args, work, name, train_extra, cache, model_rate):
