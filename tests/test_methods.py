@@ -149,6 +149,16 @@ def test_options_the_method_does_not_take_are_refused(name):
     assert resolved.options == methods.create(name).options
 
 
+def test_simaffinity_with_an_ema_target_no_predictor_and_a_symmetric_loss_is_warned_of():
+    """The one set-up measured not to learn (REPRODUCTION.md) is warned of, and only it."""
+    warned = methods.create("simaffinity", ema_momentum=0.99).setup_warnings()
+    assert len(warned) == 1 and "--gamma=0" in warned[0] and "--predictor" in warned[0]
+    for options in ({}, {"ema_momentum": 0.99, "predictor": True}, {"ema_momentum": 0.99, "symmetric_loss_weight": 0.0},
+                    {"symmetric_loss_weight": 0.5}):
+        assert methods.create("simaffinity", **options).setup_warnings() == [], options
+    assert all(methods.create(n).setup_warnings() == [] for n in NAMES)  # each method's defaults
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_tf_with_xla_and_jax_train_the_same(name, trained):
     tf_out, jax_out = trained

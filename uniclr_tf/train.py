@@ -413,6 +413,8 @@ def run(cfg):
               f"{cfg.dataset}: {num_train} training images {tuple(info.image_shape)}, "
               f"{steps_per_epoch} steps/epoch of batch {cfg.batch_size}, backend {keras.backend.backend()}",
               flush=True)
+        for line in method.setup_warnings():
+            print(line, flush=True)
         start = time.perf_counter()
         stopped = None
         try:

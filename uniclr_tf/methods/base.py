@@ -171,6 +171,11 @@ class Method:
                     f"--whitening_groups=G with {embedding_dim}/G < {2 * batch_size}, or state --eps to accept a "
                     "ridge-regularised covariance")
 
+    def setup_warnings(self):
+        """Lines warning of a set-up that is valid but was measured not to learn (printed before
+        training); empty for most."""
+        return []
+
     # --- per-step state ----------------------------------------------------------------------
     def build_state(self, model, embedding_dim):
         """Creates the method's non-trainable state on ``model``; returns it as a dict."""
