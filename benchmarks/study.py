@@ -220,7 +220,8 @@ def main(argv=None):
     parser.add_argument("--dry_run", action="store_true", help="print the commands only")
     args = parser.parse_args(argv)
 
-    common, runs = read_plan(args.plan)
+    common, plan_runs = read_plan(args.plan)
+    runs = plan_runs
     if args.only:
         wanted = args.only.split(",")
         unknown = sorted(set(wanted) - {n for n, _ in runs})
@@ -230,17 +231,27 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     if not args.summary_only:
         run_all(args, common, runs)
+        # Several study processes may share --out (one per GPU, each with its own --only): each one's
+        # summary covers every plan run with a folder there, so the last to finish leaves them all.
+        runs = [r for r in plan_runs if r in runs or os.path.isdir(os.path.join(args.out, r[0]))]
     rows = summarise(args.out, runs, [d for d in args.also.split(",") if d])
     table = markdown(rows)
     result = {"plan": os.path.relpath(args.plan, ROOT), "common": common, "rows": rows}
     if args.seeds:
         result["seeds"] = aggregate(rows)
         table += "\n\nMean ± std over seeds (finished runs; the count in brackets):\n\n" + markdown_seeds(result["seeds"])
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    with open(os.path.join(args.out, "summary.md"), "w") as f:
-        f.write(table + "\n")
+    _write_atomically(os.path.join(args.out, "summary.json"), json.dumps(result, indent=1))
+    _write_atomically(os.path.join(args.out, "summary.md"), table + "\n")
     print(table, flush=True)
+
+
+def _write_atomically(path, text):
+    """Writes ``text`` under a temporary name, then renames it to ``path``: a reader (or another study
+    process writing the same summary) never sees a half-written file."""
+    temp = f"{path}.tmp-{os.getpid()}"
+    with open(temp, "w") as f:
+        f.write(text)
+    os.replace(temp, path)
 
 
 def _gpus(spec):

@@ -160,3 +160,22 @@ def test_every_row_of_a_shipped_plan_is_a_train_command_the_cli_accepts(plan, mo
         cfg = train.config_from_flags(fv).resolved()
         cfg.build_method().check_setup(cfg.batch_size, cfg.projector_dims[-1])
         assert cfg.run_name == name
+
+
+def test_a_study_sharing_its_out_folder_with_another_summarises_both(tmp_path):
+    """Per-GPU chains: two study processes, each with its own --only, write one --out; the summary each
+    leaves covers every plan run with a folder there, not only its own."""
+    fake = tmp_path / "fake-python"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    plan = write(tmp_path / "p.plan", "a --seed=1\nb --seed=2\nc --seed=3\n")
+    out = tmp_path / "out"
+    for name in ("a", "b"):  # as two chains would, one after the other
+        study.main([f"--plan={plan}", f"--out={out}", "--gpus=0", f"--python={fake}", f"--only={name}",
+                    f"--runs_dir={tmp_path / 'runs'}"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["name"] for r in summary["rows"]] == ["a", "b"]  # c: no folder, not asked for
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]
+    # --summary_only with --only still gives exactly the runs asked for
+    study.main([f"--plan={plan}", f"--out={out}", "--only=b", "--summary_only"])
+    assert [r["name"] for r in json.loads((out / "summary.json").read_text())["rows"]] == ["b"]
