@@ -2,6 +2,7 @@
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,52 @@ def test_a_study_sharing_its_out_folder_with_another_summarises_both(tmp_path):
     # --summary_only with --only still gives exactly the runs asked for
     study.main([f"--plan={plan}", f"--out={out}", "--only=b", "--summary_only"])
     assert [r["name"] for r in json.loads((out / "summary.json").read_text())["rows"]] == ["b"]
+
+
+def test_study_chains_run_each_gpus_runs_in_order_and_skip_what_the_time_left_cannot_start(tmp_path):
+    """benchmarks/study_chains.sh: one chain per line, its runs one after the other on its GPU (a fake
+    interpreter records each call), every run of both chains in the shared summary; with less time left
+    than MIN_START, nothing starts and each chain says so."""
+    import os
+    import re
+    import subprocess
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES $*\" >> {calls}\n")
+    fake.chmod(0o755)
+    plan = write(tmp_path / "p.plan", "a --seed=1\nb --seed=2\nc --seed=3\n")
+    chains = write(tmp_path / "chains.txt", f"# gpu, then its runs\n0 {plan}:a {plan}:b\n1 {plan}:c  # one run\n")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", STUDY_PYTHON=str(fake),
+               RES=str(tmp_path / "res"), RUNS_DIR=str(tmp_path / "runs"), T="600")
+    env.pop("OUT", None)
+
+    def chains_call(**extra):
+        subprocess.run(["bash", "benchmarks/study_chains.sh", str(chains)], cwd=REPO_ROOT, env={**env, **extra},
+                       check=True, capture_output=True, timeout=120)
+        lines = calls.read_text().splitlines() if calls.exists() else []
+        trains = [(line.split()[0], re.search(r"--run_name=(\w+)", line).group(1)) for line in lines
+                  if "uniclr_tf.train" in line]
+        return trains, sum("uniclr_tf.linear_eval" in line for line in lines)
+
+    trains, linear = chains_call()
+    assert [t for t in trains if t[0] == "0"] == [("0", "a"), ("0", "b")]  # a, then b, on GPU 0
+    assert [t for t in trains if t[0] == "1"] == [("1", "c")]
+    assert linear == 3  # each run followed by its linear evaluation
+    summary = json.loads((tmp_path / "res" / "p" / "summary.json").read_text())
+    assert sorted(r["name"] for r in summary["rows"]) == ["a", "b", "c"]  # both chains' runs
+    assert (tmp_path / "res" / "gpu-call1.txt").exists()
+    # a second call with less time left than MIN_START: nothing starts, each chain says so
+    assert chains_call(T="50") == (trains, linear)
+    log0 = (tmp_path / "res" / "chain0.log").read_text()
+    assert "call 2, gpu 0: a not started" in log0 and "call 2, gpu 0: b not started" in log0
+
+
+@pytest.mark.parametrize("chains", sorted((REPO_ROOT / "benchmarks" / "study").rglob("*.chains"))
+                         + sorted((REPO_ROOT / "benchmarks" / "study").rglob("chains.txt")), ids=lambda p: p.name)
+def test_every_item_of_a_shipped_chains_file_is_a_run_of_its_plan(chains):
+    for line in chains.read_text().splitlines():
+        words = line.split("#")[0].split()
+        for item in words[1:]:
+            plan, name = item.split(":")
+            _, runs = study.read_plan(REPO_ROOT / "benchmarks" / "study" / f"{plan}.plan")
+            assert name in dict(runs), (chains.name, item)
