@@ -121,6 +121,7 @@ def test_cli_trains_every_trick_and_reports_knn(cli):
     assert 0.0 < metrics["knn_top1"] <= 1.0 and 0.0 < metrics["raw_pixel_knn_top1"] <= 1.0
     assert "kNN top-1" in proc.stdout and "raw-pixel kNN baseline" in proc.stdout
     assert "pictures: " in proc.stdout and "views.png" in proc.stdout  # where the pictures are
+    assert "warning: SimAffinity with an EMA target" not in proc.stdout  # it has a predictor
     history = json.loads((run / "history.json").read_text())
     assert len(history) == 2
     for key in ("knn_top1", "effective_rank", "probe_accuracy", "ema_momentum", "objective_loss"):
