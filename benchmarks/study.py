@@ -45,6 +45,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as `python benchmarks/study.py` from a checkout: the package beside it
+    sys.path.insert(0, ROOT)
+from uniclr_tf.runs import atomic_write_text  # noqa: E402  (standard library and NumPy only)
+
 COPIED = ("history.json", "metrics.json", "flags.txt", "linear_eval.json", "config.json")
 EPOCH_MARKS = (10, 25, 50, 100, 200)  # kNN monitor epochs the table shows (knn_every must hit them)
 
@@ -240,18 +244,10 @@ def main(argv=None):
     if args.seeds:
         result["seeds"] = aggregate(rows)
         table += "\n\nMean ± std over seeds (finished runs; the count in brackets):\n\n" + markdown_seeds(result["seeds"])
-    _write_atomically(os.path.join(args.out, "summary.json"), json.dumps(result, indent=1))
-    _write_atomically(os.path.join(args.out, "summary.md"), table + "\n")
+    # atomic: a reader, or another study process writing the same summary, never sees half a file
+    atomic_write_text(os.path.join(args.out, "summary.json"), json.dumps(result, indent=1))
+    atomic_write_text(os.path.join(args.out, "summary.md"), table + "\n")
     print(table, flush=True)
-
-
-def _write_atomically(path, text):
-    """Writes ``text`` under a temporary name, then renames it to ``path``: a reader (or another study
-    process writing the same summary) never sees a half-written file."""
-    temp = f"{path}.tmp-{os.getpid()}"
-    with open(temp, "w") as f:
-        f.write(text)
-    os.replace(temp, path)
 
 
 def _gpus(spec):
@@ -326,9 +322,7 @@ def run_all(args, common, runs):
             run_folder = os.path.join(args.runs_dir, name)
             collect(run_folder, os.path.join(args.out, name))
             exits_path = os.path.join(args.out, name, "exits.json")
-            exits = {**(_json(exits_path) or {}), phase: code}  # read before the file is truncated
-            with open(exits_path, "w") as f:
-                json.dump(exits, f)
+            atomic_write_text(exits_path, json.dumps({**(_json(exits_path) or {}), phase: code}))
             print(f"[{time.time() - start:6.0f}s] gpu {gpu}: {phase} {name} exit {code}", flush=True)
             if phase == "train" and code == 0 and args.linear_eval is not None and not stopping:
                 done = _json(os.path.join(run_folder, "linear_eval.json"))
