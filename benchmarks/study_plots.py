@@ -79,7 +79,8 @@ def main(argv=None):
     if args.ylim:
         axes.set_ylim(*(float(v) for v in args.ylim.split(",")))
     axes.set_xlabel("epoch")
-    axes.set_ylabel({"knn_top1": "kNN top-1 (k 200, T 0.1, 60k bank)"}.get(args.metric, args.metric))
+    axes.set_ylabel({"knn_top1": "kNN top-1 (k 200, T 0.1, 60k bank)", "effective_rank": "effective rank",
+                     "embedding_std": "embedding std"}.get(args.metric, args.metric))
     axes.set_title(args.title, fontsize=10)
     axes.grid(alpha=0.3)
     if outside:

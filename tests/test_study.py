@@ -229,3 +229,86 @@ def test_every_item_of_a_shipped_chains_file_is_a_run_of_its_plan(chains):
             plan, name = item.split(":")
             _, runs = study.read_plan(REPO_ROOT / "benchmarks" / "study" / f"{plan}.plan")
             assert name in dict(runs), (chains.name, item)
+
+
+def _recording_python(path, calls):
+    """A stand-in for the plots' interpreter: records each study_plots.py call (one line) and draws nothing."""
+    path.write_text(f"#!/bin/sh\n{{ printf '%s\\037' \"$@\"; echo; }} >> {calls}\n")  # arguments split by \\x1f
+    path.chmod(0o755)
+    return path
+
+
+def _plot_calls(calls):
+    """``{picture name: [curve spec, ...]}`` from the recorded study_plots.py calls."""
+    plots = {}
+    for line in calls.read_text().splitlines():
+        words = line.split("\x1f")[:-1]
+        out = next((w for w in words if w.startswith("--out=")), None)
+        if out is None:  # reproduce.sh's check for matplotlib
+            continue
+        plots[Path(out.split("=", 1)[1]).name] = [w for w in words[1:] if not w.startswith("--")]
+    return plots
+
+
+PICTURES = {"recipe-200.png", "recipe-mc4-seeds.png", "claim-a-methods-200.png", "claim-a-methods-200-zoom.png",
+            "claim-a-seeds-200.png", "claim-a-ema-seeds-200.png", "claim-uniclr-seeds-200.png", "claim-a-methods.png",
+            "claim-bc-simaffinity.png", "claim-b-simclr.png", "claim-c-simwhitening.png", "claim-d-simtrace.png",
+            "claim-d-rank.png", "claim-d-std.png"}
+
+
+def test_plots_script_finds_every_curve_of_reproduction_md_among_the_kept_runs(tmp_path):
+    """benchmarks/study/plots.sh over the runs kept in benchmarks/study: every picture REPRODUCTION.md shows
+    is drawn, no configuration is missing, a seed that did not finish is left out of its mean."""
+    import os
+    import subprocess
+    calls = tmp_path / "calls.txt"
+    env = dict(os.environ, PYTHON=str(_recording_python(tmp_path / "py", calls)), PLOTS=str(tmp_path / "plots"))
+    env.pop("DIRS", None)
+    result = subprocess.run(["bash", "benchmarks/study/plots.sh"], cwd=REPO_ROOT, env=env, capture_output=True,
+                            text=True, timeout=120, check=True)
+    assert result.stderr == ""  # no "no finished run of ..."
+    plots = _plot_calls(calls)
+    assert set(plots) == PICTURES
+    reproduction = (REPO_ROOT / "benchmarks" / "REPRODUCTION.md").read_text()
+    assert all(f"(study/{name})" in reproduction for name in PICTURES)
+    curves = dict(spec.split("=", 1) for spec in plots["claim-d-simtrace.png"])
+    assert len(curves["SimTrace alone"].split(",")) == 3
+    tricks = curves["+ predictor + EMA"].split(",")  # seed 2 diverged: two folders, neither of them its own
+    assert len(tricks) == 2 and not any(t.endswith("simtrace-tricks-s2") for t in tricks)
+    one_seed = dict(spec.split("=", 1) for spec in plots["claim-a-methods-200.png"])
+    assert all("," not in folders for folders in one_seed.values())
+
+
+def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_results(tmp_path):
+    """benchmarks/study/reproduce.sh with a stand-in interpreter whose "training" writes a finished run:
+    every run of the three plans trains once and is evaluated, each plan gets its table with seeds, and the
+    plots read the new results folder, not the kept runs."""
+    import os
+    import subprocess
+    fake = tmp_path / "fake-python"
+    fake.write_text(
+        "#!/bin/sh\ncase \"$*\" in *uniclr_tf.train*) ;; *) exit 0 ;; esac\n"
+        "for a in \"$@\"; do case $a in --run_dir=*) d=${a#--run_dir=} ;; --run_name=*) n=${a#--run_name=} ;; esac; done\n"
+        "mkdir -p \"$d/$n\"\n"
+        "echo '[{\"epoch\": 5, \"knn_top1\": 0.8, \"effective_rank\": 100.0, \"embedding_std\": 0.06},"
+        " {\"epoch\": 10, \"knn_top1\": 0.85, \"effective_rank\": 120.0, \"embedding_std\": 0.06}]' > \"$d/$n/history.json\"\n"
+        "echo '{\"status\": \"finished\", \"knn_top1\": 0.85, \"steps\": 10}' > \"$d/$n/metrics.json\"\n")
+    fake.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    res = tmp_path / "res"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", STUDY_PYTHON=str(fake),
+               RES=str(res), RUNS_DIR=str(tmp_path / "runs"), GPUS=",".join(str(i) for i in range(32)),
+               PYTHON=str(_recording_python(tmp_path / "py", calls)))
+    out = subprocess.run(["bash", "benchmarks/study/reproduce.sh"], cwd=REPO_ROOT, env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    for plan in ("recipe", "methods200", "claims"):
+        _, runs = study.read_plan(REPO_ROOT / "benchmarks" / "study" / f"{plan}.plan")
+        summary = json.loads((res / plan / "summary.json").read_text())
+        assert {r["name"]: r["status"] for r in summary["rows"]} == {name: "finished" for name, _ in runs}
+        assert f"{res / plan}/summary.md" in out
+    seeds = {e["name"]: e["seeds"] for e in json.loads((res / "claims" / "summary.json").read_text())["seeds"]}
+    assert seeds["aff-t0.1-g0.01"] == 3 and seeds["whiten-t1-g0"] == 3
+    plots = _plot_calls(calls)
+    assert set(plots) == PICTURES
+    folders = [f for specs in plots.values() for spec in specs for f in spec.split("=", 1)[1].split(",")]
+    assert folders and all(f.startswith(str(res)) for f in folders)
