@@ -16,7 +16,8 @@ Each run is ``python -m uniclr_tf.train RUN_FLAGFILES COMMON RUN_FLAGS --run_dir
 the common flags override the flagfile, and the run's other flags override both), in its own process, with ``CUDA_VISIBLE_DEVICES`` set to one of ``--gpus`` (``cpu``:
 no GPU). As many runs go at once as GPUs are named, times ``--per_gpu``. The train CLI itself makes the study resumable:
 a run folder that exists continues from its last backup, a finished one exits at once, and a folder
-whose flags differ is refused (its error ends in the run's log). So rerunning the same command
+whose flags differ is refused (its error ends in the run's log). A run that finished (and was evaluated, if
+``--linear_eval`` asks) with the same command as its last launch is not started at all. So rerunning the same command
 after a time limit or a kill continues every unfinished run, on the same machine (``--runs_dir`` must
 survive; a GPU job's /tmp does not survive the machine, but does survive between calls while it is
 held). At ``--time_limit`` seconds, no new run starts after the limit minus ``--min_start``, and
@@ -269,6 +270,27 @@ def train_flags(common, name, flags, runs_dir):
     return [*flagfiles, *common, *own, f"--run_dir={runs_dir}", f"--run_name={name}", "--verbose=2", "--nopictures"]
 
 
+LAUNCH_LINE = re.compile(r"# \d{4}-\d\d-\d\d \d\d:\d\d:\d\d gpu [^:]+: (.*)$")  # what launch() writes in a log
+
+
+def done_before(args, name, command):
+    """Whether run ``name`` finished (and was evaluated, if asked) in an earlier call with this very command:
+    then it is not started again. The train CLI would exit at once too, but only after reading the data and
+    building the model (seconds to a minute per run, for every run of a plan at each call). A run whose
+    command changed is started, and the CLI refuses it if its flags differ from its folder's."""
+    folder = os.path.join(args.runs_dir, name)
+    if (_json(os.path.join(folder, "metrics.json")) or {}).get("status") != "finished":
+        return False
+    if args.linear_eval is not None and not _json(os.path.join(folder, "linear_eval.json")):
+        return False
+    try:
+        with open(os.path.join(args.out, name, "train.log")) as f:
+            launched = [m.group(1) for m in map(LAUNCH_LINE.match, f) if m]
+    except OSError:
+        return False
+    return bool(launched) and launched[-1] == shlex.join(command)
+
+
 def run_all(args, common, runs):
     start = time.time()
     deadline = start + args.time_limit if args.time_limit else None
@@ -308,8 +330,12 @@ def run_all(args, common, runs):
         can_start = not stopping and (deadline is None or now < deadline - args.min_start)
         while free and queue and can_start:
             name, flags = queue.pop(0)
-            launch(free.pop(0), name, "train", [args.python, "-m", "uniclr_tf.train",
-                                                *train_flags(common, name, flags, args.runs_dir)])
+            command = [args.python, "-m", "uniclr_tf.train", *train_flags(common, name, flags, args.runs_dir)]
+            if done_before(args, name, command):
+                print(f"[{time.time() - start:6.0f}s] {name}: finished in an earlier call, not relaunched", flush=True)
+                collect(os.path.join(args.runs_dir, name), os.path.join(args.out, name))
+                continue
+            launch(free.pop(0), name, "train", command)
         for slot, (name, process, phase, log) in list(busy.items()):
             gpu = slot[0]
             code = process.poll()

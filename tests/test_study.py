@@ -281,34 +281,80 @@ def test_plots_script_finds_every_curve_of_reproduction_md_among_the_kept_runs(t
 
 def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_results(tmp_path):
     """benchmarks/study/reproduce.sh with a stand-in interpreter whose "training" writes a finished run:
-    every run of the three plans trains once and is evaluated, each plan gets its table with seeds, and the
-    plots read the new results folder, not the kept runs."""
+    every run of the three plans trains once and is evaluated, each plan gets its table with seeds, the
+    plots read the new results folder, not the kept runs; a second call starts nothing again; with no time
+    left, nothing starts and the exit status says runs remain."""
     import os
     import subprocess
+    calls, plot_calls = tmp_path / "calls.txt", tmp_path / "plot-calls.txt"
     fake = tmp_path / "fake-python"
     fake.write_text(
-        "#!/bin/sh\ncase \"$*\" in *uniclr_tf.train*) ;; *) exit 0 ;; esac\n"
+        f"#!/bin/sh\necho \"$*\" >> {calls}\n"
         "for a in \"$@\"; do case $a in --run_dir=*) d=${a#--run_dir=} ;; --run_name=*) n=${a#--run_name=} ;; esac; done\n"
+        "case \"$*\" in *uniclr_tf.linear_eval*) echo '{\"linear\": {\"top1\": 0.9}}' > \"$d/linear_eval.json\"; exit 0 ;; esac\n"
         "mkdir -p \"$d/$n\"\n"
         "echo '[{\"epoch\": 5, \"knn_top1\": 0.8, \"effective_rank\": 100.0, \"embedding_std\": 0.06},"
         " {\"epoch\": 10, \"knn_top1\": 0.85, \"effective_rank\": 120.0, \"embedding_std\": 0.06}]' > \"$d/$n/history.json\"\n"
         "echo '{\"status\": \"finished\", \"knn_top1\": 0.85, \"steps\": 10}' > \"$d/$n/metrics.json\"\n")
     fake.chmod(0o755)
-    calls = tmp_path / "calls.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("T", "MIN_START", "LINEAR_EVAL", "DIRS", "PLOTS")}
+    env.update(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", STUDY_PYTHON=str(fake),
+               RUNS_DIR=str(tmp_path / "runs"), GPUS=",".join(str(i) for i in range(32)),
+               PYTHON=str(_recording_python(tmp_path / "py", plot_calls)))
+
+    def reproduce(res, **extra):
+        return subprocess.run(["bash", "benchmarks/study/reproduce.sh"], cwd=REPO_ROOT, text=True, timeout=300,
+                              env={**env, "RES": str(res), **extra}, capture_output=True)
+
     res = tmp_path / "res"
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", STUDY_PYTHON=str(fake),
-               RES=str(res), RUNS_DIR=str(tmp_path / "runs"), GPUS=",".join(str(i) for i in range(32)),
-               PYTHON=str(_recording_python(tmp_path / "py", calls)))
-    out = subprocess.run(["bash", "benchmarks/study/reproduce.sh"], cwd=REPO_ROOT, env=env, capture_output=True,
-                         text=True, timeout=300, check=True).stdout
-    for plan in ("recipe", "methods200", "claims"):
-        _, runs = study.read_plan(REPO_ROOT / "benchmarks" / "study" / f"{plan}.plan")
+    first = reproduce(res)
+    assert first.returncode == 0, first.stdout + first.stderr
+    plans = {plan: study.read_plan(REPO_ROOT / "benchmarks" / "study" / f"{plan}.plan")[1]
+             for plan in ("recipe", "methods200", "claims")}
+    lines = calls.read_text().splitlines()
+    trained = [line for line in lines if "uniclr_tf.train" in line]
+    assert len(trained) == sum(len(runs) for runs in plans.values())  # each run once
+    assert sum("uniclr_tf.linear_eval" in line for line in lines) == len(trained)
+    for plan, runs in plans.items():
         summary = json.loads((res / plan / "summary.json").read_text())
         assert {r["name"]: r["status"] for r in summary["rows"]} == {name: "finished" for name, _ in runs}
-        assert f"{res / plan}/summary.md" in out
+        assert json.loads((res / plan / runs[0][0] / "exits.json").read_text()) == {"train": 0, "linear_eval": 0}
+        assert f"{res / plan}/summary.md (0 runs of {plan} not finished)" in first.stdout
     seeds = {e["name"]: e["seeds"] for e in json.loads((res / "claims" / "summary.json").read_text())["seeds"]}
     assert seeds["aff-t0.1-g0.01"] == 3 and seeds["whiten-t1-g0"] == 3
-    plots = _plot_calls(calls)
+    plots = _plot_calls(plot_calls)
     assert set(plots) == PICTURES
     folders = [f for specs in plots.values() for spec in specs for f in spec.split("=", 1)[1].split(",")]
     assert folders and all(f.startswith(str(res)) for f in folders)
+
+    # again: every run finished with the same command, so nothing is launched
+    again = reproduce(res)
+    assert again.returncode == 0 and calls.read_text().splitlines() == lines
+    assert "finished in an earlier call, not relaunched" in (res / "claims.log").read_text()
+    # no time left, into a new results folder: no plan starts, no table, and the status says runs remain
+    late = reproduce(tmp_path / "late", T="50")
+    assert late.returncode == 3 and "recipe not started" in late.stdout and calls.read_text().splitlines() == lines
+    assert reproduce(tmp_path / "bad", T="1.5").returncode == 2
+
+
+def test_a_finished_run_is_not_relaunched_unless_its_command_changed(tmp_path):
+    """study.py skips a run that finished with the same train command (and has its linear evaluation when
+    one is asked); a changed command, or a missing evaluation, launches it again (the CLI then decides)."""
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "fake-python"
+    fake.write_text(
+        f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+        "for a in \"$@\"; do case $a in --run_dir=*) d=${a#--run_dir=} ;; --run_name=*) n=${a#--run_name=} ;; esac; done\n"
+        "case \"$*\" in *uniclr_tf.train*) mkdir -p \"$d/$n\"; echo '{\"status\": \"finished\"}' > \"$d/$n/metrics.json\" ;; esac\n")
+    fake.chmod(0o755)
+    out, runs = tmp_path / "out", tmp_path / "runs"
+
+    def study_call(plan_text, *extra):
+        plan = write(tmp_path / "p.plan", plan_text)
+        study.main([f"--plan={plan}", f"--out={out}", "--gpus=0", f"--python={fake}", f"--runs_dir={runs}", *extra])
+        return calls.read_text().splitlines()
+
+    assert len(study_call("a --seed=1\n")) == 1
+    assert len(study_call("a --seed=1\n")) == 1            # the same command: not launched
+    assert len(study_call("a --seed=2\n")) == 2            # changed: launched (the CLI would refuse it)
+    assert len(study_call("a --seed=2\n", "--linear_eval=--augment_on=device")) == 4  # no evaluation yet: train, then it

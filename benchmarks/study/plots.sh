@@ -3,10 +3,11 @@
 # mean of its seeds (runs NAME, NAME-s1, NAME-s2 that finished) with a band of +- one std, or one run.
 #   bash benchmarks/study/plots.sh                 the runs kept in benchmarks/study/*/ -> benchmarks/study/*.png
 #   DIRS="R/recipe R/claims R/methods200" PLOTS=R/plots bash benchmarks/study/plots.sh     a rerun's results
-# DIRS: the folders that hold run folders (NAME/history.json), searched in order; by default every such
-# folder under benchmarks/study. PLOTS: where the pictures go. PYTHON: an interpreter with matplotlib
+# DIRS: the folders that hold run folders (NAME/history.json), searched in order; unset or empty: every
+# such folder under benchmarks/study. PLOTS: where the pictures go. PYTHON: an interpreter with matplotlib
 # (default python3). A configuration with no finished run is left out of its plot, with a line on stderr;
-# a plot with no curve at all is not drawn.
+# a plot with no curve at all is not drawn. Exit status: 0 when every curve was drawn, 3 when some
+# configuration or plot was missing, 1 when drawing failed.
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -17,12 +18,11 @@ fi
 RAW=0.7881  # raw-pixel kNN on the same protocol (k 200, T 0.1, the 60k bank)
 mkdir -p "$PLOTS"
 
-finished() {  # NAME -> its run folder, if one of DIRS holds it and it finished
+finished() {  # NAME -> the first folder of DIRS holding a finished run NAME
   local d
   for d in $DIRS; do
-    if [ -f "$d/$1/history.json" ]; then
-      grep -q '"status": *"finished"' "$d/$1/metrics.json" 2>/dev/null && echo "$d/$1"
-      return
+    if grep -q '"status": *"finished"' "$d/$1/metrics.json" 2>/dev/null && [ -f "$d/$1/history.json" ]; then
+      echo "$d/$1"; return
     fi
   done
 }
@@ -41,11 +41,13 @@ plot() {  # OUT_NAME [study_plots options...] -- CURVE_SPEC...  (each CURVE_SPEC
   shift
   for spec in "$@"; do
     IFS='|' read -r label name one <<< "$spec"
-    c=$(curve "$label" "$name" "$one"); [ -n "$c" ] && curves+=("$c")
+    c=$(curve "$label" "$name" "$one")  # (a subshell: it reports a missing configuration by printing nothing)
+    if [ -n "$c" ]; then curves+=("$c"); else missing=1; fi
   done
-  if [ ${#curves[@]} -eq 0 ]; then echo "plots: $out: no curve, not drawn" >&2; return; fi
-  "$PY" benchmarks/study_plots.py --out="$PLOTS/$out" "${options[@]}" "${curves[@]}"
+  if [ ${#curves[@]} -eq 0 ]; then echo "plots: $out: no curve, not drawn" >&2; missing=1; return; fi
+  "$PY" benchmarks/study_plots.py --out="$PLOTS/$out" "${options[@]}" "${curves[@]}" || failed=1
 }
+missing=0; failed=0
 
 # 1. the recipe (recipe.plan, 200 epochs)
 plot recipe-200.png --reference=$RAW --title="ResNet-18 on Fashion-MNIST, 200 epochs, kNN top-1 (mean of the seeds run)" -- \
@@ -70,7 +72,7 @@ plot claim-a-seeds-200.png --ylim=0.80,0.905 --title="kNN top-1, 200 epochs, mea
 plot claim-a-ema-seeds-200.png --ylim=0.80,0.905 \
   --title="kNN top-1, 200 epochs: the methods with an EMA target (mean of 3 seeds, band: ± one std)" -- \
   "SimAffinity τ0.2 γ0.01|sgd-t0.2-e200" "SimAffinity + EMA + predictor|simaffinity-ema-pred-e200" \
-  "SimAffinity + EMA, γ 0|simaffinity-ema-g0-e200" "BYOL|byol-e200" "MoCo v2|moco_v2-e200" "MoCo v3|moco_v3-e200" "CO2|co2-e200"
+  "SimAffinity + EMA, γ 0 (1 seed)|simaffinity-ema-g0-e200" "BYOL|byol-e200" "MoCo v2|moco_v2-e200" "MoCo v3|moco_v3-e200" "CO2|co2-e200"
 plot claim-uniclr-seeds-200.png --ylim=0.80,0.895 \
   --title="kNN top-1, 200 epochs: the three UniCLR objectives (mean of 3 seeds, band: ± one std)" -- \
   "SimAffinity τ0.2 γ0.01|sgd-t0.2-e200" "SimWhitening τ0.2 γ0.01|simwhitening-sgd-t0.2-e200" "SimTrace|simtrace-sgd-e200"
@@ -97,3 +99,5 @@ plot claim-d-rank.png --metric=effective_rank \
   --title="(d) effective rank of the backbone's features (of 512), 50 epochs" -- "${D[@]}"
 plot claim-d-std.png --metric=embedding_std \
   --title="(d) embedding std (ℓ2-normalised, 1/√256 = 0.0625 at most), 50 epochs" -- "${D[@]}"
+[ $failed = 0 ] || exit 1
+[ $missing = 0 ] || exit 3

@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
-# Issue 12's whole study in one command: every run of recipe.plan, methods200.plan and claims.plan (112 runs),
+# Issue 12's whole study in one command: every run of recipe.plan, methods200.plan and claims.plan (114 runs),
 # one run per GPU of this machine at a time, each followed by its linear evaluation; then each plan's table
 # with mean +- std over seeds (RES/PLAN/summary.md) and every plot of REPRODUCTION.md drawn from these runs
 # (RES/plots/). About 9 GPU-hours on H100s (2-view 200-epoch run ~6 min, 50-epoch ~1.5 min, a linear
 # evaluation ~1 min): ~2.5 hours on a 4-GPU machine.
-#   RES=DIR RUNS_DIR=DIR [T=seconds] [GPUS=0,1,...] bash benchmarks/study/reproduce.sh
-# Resumable: RUNS_DIR holds each run's folder and backups. Run the same command again after a time limit
-# (T: this call's seconds, 0 = none; no run starts in its last MIN_START = 100 s and the runs still going
-# get SIGTERM, which saves a backup), a kill or a new GPU job with the same disks: a finished run exits at
-# once, a stopped one continues from its last backup, a missing one starts. On a machine without
-# TensorFlow (JAX only) the linear evaluation augments on the device, as below. PYTHON: the plots'
-# interpreter (needs matplotlib; without it the tables are still written and the plots are skipped).
+#   [RES=DIR] [RUNS_DIR=DIR] [T=seconds] [GPUS=0,1,...] bash benchmarks/study/reproduce.sh
+# Resumable: RUNS_DIR (default runs/study) holds each run's folder and backups, RES (default
+# runs/study-results) the copies, logs and tables; relative paths are from the repository root. Run the same
+# command again after a time limit, a kill or a new GPU job with the same disks: a run that finished with
+# the same command is not started again, a stopped one continues from its last backup, a missing one starts.
+# T: whole seconds for this call (0: none). No run starts in its last MIN_START (100) seconds; at T the runs
+# still going get SIGTERM (a backup, then exit) and are killed 90 s later if need be; the tables and plots
+# follow, so give T about 2 minutes less than a hard limit. The linear evaluation augments on the device
+# (LINEAR_EVAL), so a machine with JAX only (KERAS_BACKEND=jax) runs all of it. PYTHON: the plots'
+# interpreter (needs matplotlib; without it the tables are written and the plots skipped). Exit status: 0
+# when every run of the three plans finished, 3 while some have not (run the command again), 2 for bad
+# arguments, 1 when a step itself failed.
 set -u
 cd "$(dirname "$0")/../.."
-RES=${RES:-study-results}; RUNS_DIR=${RUNS_DIR:-runs/study}; T=${T:-0}; MIN_START=${MIN_START:-100}
+RES=${RES:-runs/study-results}; RUNS_DIR=${RUNS_DIR:-runs/study}; T=${T:-0}; MIN_START=${MIN_START:-100}
 LINEAR_EVAL=${LINEAR_EVAL:---augment_on=device --batch_size=512}
 STUDY_PYTHON=${STUDY_PYTHON:-python3}   # the interpreter of the runs (study.py's --python)
-start=$(date +%s)
+for pair in "T=$T" "MIN_START=$MIN_START"; do
+  case ${pair#*=} in ''|*[!0-9]*) echo "reproduce: ${pair%%=*} must be whole seconds; received '${pair#*=}'" >&2; exit 2 ;; esac
+done
+PLANS="recipe methods200 claims"
+start=$(date +%s); failed=0
 mkdir -p "$RES"
-for plan in recipe methods200 claims; do
+for plan in $PLANS; do
   limit=0
   if [ "$T" != 0 ]; then
     limit=$(( T - ($(date +%s) - start) ))
@@ -26,16 +35,25 @@ for plan in recipe methods200 claims; do
   fi
   python3 benchmarks/study.py --plan="benchmarks/study/$plan.plan" --out="$RES/$plan" --runs_dir="$RUNS_DIR" \
     --time_limit="$limit" --min_start="$MIN_START" --linear_eval="$LINEAR_EVAL" --python="$STUDY_PYTHON" \
-    ${GPUS:+--gpus="$GPUS"} > "$RES/$plan.log" 2>&1
-  echo "reproduce: $plan: $(grep -c ' exit 0$' "$RES/$plan.log") phases ended well this call (log: $RES/$plan.log)"
+    ${GPUS:+--gpus="$GPUS"} >> "$RES/$plan.log" 2>&1 || { echo "reproduce: $plan: study.py failed (see $RES/$plan.log)" >&2; failed=1; }
 done
-for plan in recipe methods200 claims; do
-  [ -d "$RES/$plan" ] && python3 benchmarks/study.py --plan="benchmarks/study/$plan.plan" --out="$RES/$plan" \
-    --summary_only --seeds > /dev/null && echo "reproduce: $RES/$plan/summary.md"
+left=0
+for plan in $PLANS; do
+  [ -d "$RES/$plan" ] || { left=1; continue; }
+  python3 benchmarks/study.py --plan="benchmarks/study/$plan.plan" --out="$RES/$plan" --summary_only --seeds > /dev/null \
+    || { failed=1; continue; }
+  unfinished=$(python3 -c "import json, sys; print(sum(r['status'] != 'finished' for r in json.load(open(sys.argv[1]))['rows']))" \
+    "$RES/$plan/summary.json")
+  echo "reproduce: $RES/$plan/summary.md ($unfinished runs of $plan not finished)"
+  [ "$unfinished" = 0 ] || left=1
 done
 if "${PYTHON:-python3}" -c "import matplotlib" 2>/dev/null; then
   DIRS="$RES/recipe $RES/methods200 $RES/claims" PLOTS="$RES/plots" PYTHON="${PYTHON:-python3}" \
     bash benchmarks/study/plots.sh
+  rc=$?  # 3: a configuration missing, expected while runs remain (partial results draw partial plots)
+  [ $rc = 0 ] || { [ $rc = 3 ] && [ $left = 1 ]; } || failed=1
 else
   echo "reproduce: no matplotlib for ${PYTHON:-python3}: plots skipped (PYTHON=... bash benchmarks/study/plots.sh later)"
 fi
+[ $failed = 0 ] || exit 1
+[ $left = 0 ] || { echo "reproduce: runs remain: run the same command again"; exit 3; }
