@@ -335,6 +335,12 @@ def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_re
     late = reproduce(tmp_path / "late", T="50")
     assert late.returncode == 3 and "recipe not started" in late.stdout and calls.read_text().splitlines() == lines
     assert reproduce(tmp_path / "bad", T="1.5").returncode == 2
+    # a run that fails (as one that diverges does) is named, and the status says runs remain
+    failing = tmp_path / "failing-python"
+    failing.write_text(fake.read_text().replace("mkdir -p", "case $n in simclr) exit 1 ;; esac\nmkdir -p", 1))
+    failing.chmod(0o755)
+    failed = reproduce(tmp_path / "fail", STUDY_PYTHON=str(failing))
+    assert failed.returncode == 3 and "reproduce: simclr: train exit 1" in failed.stdout, failed.stdout
 
 
 def test_a_finished_run_is_not_relaunched_unless_its_command_changed(tmp_path):

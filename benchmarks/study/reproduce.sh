@@ -14,8 +14,9 @@
 # follow, so give T about 2 minutes less than a hard limit. The linear evaluation augments on the device
 # (LINEAR_EVAL), so a machine with JAX only (KERAS_BACKEND=jax) runs all of it. PYTHON: the plots'
 # interpreter (needs matplotlib; without it the tables are written and the plots skipped). Exit status: 0
-# when every run of the three plans finished, 3 while some have not (run the command again), 2 for bad
-# arguments, 1 when a step itself failed.
+# when every run of the three plans finished, 3 while some have not (run the command again; a run that
+# failed, e.g. diverged, is named and stays unfinished until its flags or seed change), 2 for bad arguments,
+# 1 when a step itself failed.
 set -u
 cd "$(dirname "$0")/../.."
 RES=${RES:-runs/study-results}; RUNS_DIR=${RUNS_DIR:-runs/study}; T=${T:-0}; MIN_START=${MIN_START:-100}
@@ -46,6 +47,10 @@ for plan in $PLANS; do
     "$RES/$plan/summary.json")
   echo "reproduce: $RES/$plan/summary.md ($unfinished runs of $plan not finished)"
   [ "$unfinished" = 0 ] || left=1
+  # a run that failed (diverged, refused) would stay unfinished however often the command runs: name it
+  python3 -c "import json, sys; [print(f'reproduce: {r[\"name\"]}: {r[\"status\"]} (its log: $RES/$plan/{r[\"name\"]}/)')
+    for r in json.load(open(sys.argv[1]))['rows'] if r['status'] not in ('finished', 'not started', 'stopped')]" \
+    "$RES/$plan/summary.json"
 done
 if "${PYTHON:-python3}" -c "import matplotlib" 2>/dev/null; then
   DIRS="$RES/recipe $RES/methods200 $RES/claims" PLOTS="$RES/plots" PYTHON="${PYTHON:-python3}" \
