@@ -270,7 +270,12 @@ def train_flags(common, name, flags, runs_dir):
     return [*flagfiles, *common, *own, f"--run_dir={runs_dir}", f"--run_name={name}", "--verbose=2", "--nopictures"]
 
 
-LAUNCH_LINE = re.compile(r"# \d{4}-\d\d-\d\d \d\d:\d\d:\d\d gpu [^:]+: (.*)$")  # what launch() writes in a log
+def launch_line(gpu, command):
+    """The line a phase's log gets at each launch; ``LAUNCH_LINE`` reads the command back from it."""
+    return f"# {time.strftime('%Y-%m-%d %H:%M:%S')} gpu {gpu}: {shlex.join(command)}"
+
+
+LAUNCH_LINE = re.compile(r"# \d{4}-\d\d-\d\d \d\d:\d\d:\d\d gpu [^:]+: (.*)$")
 
 
 def done_before(args, name, command):
@@ -309,7 +314,7 @@ def run_all(args, common, runs):
         folder = os.path.join(args.out, name)
         os.makedirs(folder, exist_ok=True)
         log = open(os.path.join(folder, f"{phase}.log"), "a")
-        log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} gpu {gpu}: {shlex.join(command)}\n")
+        log.write(f"\n{launch_line(gpu, command)}\n")
         log.flush()
         print(f"[{time.time() - start:6.0f}s] gpu {gpu}: {phase} {name}", flush=True)
         if args.dry_run:

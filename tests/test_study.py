@@ -231,6 +231,16 @@ def test_every_item_of_a_shipped_chains_file_is_a_run_of_its_plan(chains):
             assert name in dict(runs), (chains.name, item)
 
 
+def _stand_in_python(path, calls, body):
+    """A stand-in for the runs' interpreter: records each call (one line in ``calls``), sets ``$d`` and ``$n``
+    from its --run_dir and --run_name, then runs the shell ``body``."""
+    path.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+                    "for a in \"$@\"; do case $a in --run_dir=*) d=${a#--run_dir=} ;; --run_name=*) n=${a#--run_name=} ;; "
+                    "esac; done\n" + body)
+    path.chmod(0o755)
+    return path
+
+
 def _recording_python(path, calls):
     """A stand-in for the plots' interpreter: records each study_plots.py call (one line) and draws nothing."""
     path.write_text(f"#!/bin/sh\n{{ printf '%s\\037' \"$@\"; echo; }} >> {calls}\n")  # arguments split by \\x1f
@@ -287,16 +297,13 @@ def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_re
     import os
     import subprocess
     calls, plot_calls = tmp_path / "calls.txt", tmp_path / "plot-calls.txt"
-    fake = tmp_path / "fake-python"
-    fake.write_text(
-        f"#!/bin/sh\necho \"$*\" >> {calls}\n"
-        "for a in \"$@\"; do case $a in --run_dir=*) d=${a#--run_dir=} ;; --run_name=*) n=${a#--run_name=} ;; esac; done\n"
-        "case \"$*\" in *uniclr_tf.linear_eval*) echo '{\"linear\": {\"top1\": 0.9}}' > \"$d/linear_eval.json\"; exit 0 ;; esac\n"
+    trains = (
         "mkdir -p \"$d/$n\"\n"
         "echo '[{\"epoch\": 5, \"knn_top1\": 0.8, \"effective_rank\": 100.0, \"embedding_std\": 0.06},"
         " {\"epoch\": 10, \"knn_top1\": 0.85, \"effective_rank\": 120.0, \"embedding_std\": 0.06}]' > \"$d/$n/history.json\"\n"
         "echo '{\"status\": \"finished\", \"knn_top1\": 0.85, \"steps\": 10}' > \"$d/$n/metrics.json\"\n")
-    fake.chmod(0o755)
+    evaluates = "case \"$*\" in *uniclr_tf.linear_eval*) echo '{\"linear\": {\"top1\": 0.9}}' > \"$d/linear_eval.json\"; exit 0 ;; esac\n"
+    fake = _stand_in_python(tmp_path / "fake-python", calls, evaluates + trains)
     env = {k: v for k, v in os.environ.items() if k not in ("T", "MIN_START", "LINEAR_EVAL", "DIRS", "PLOTS")}
     env.update(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", STUDY_PYTHON=str(fake),
                RUNS_DIR=str(tmp_path / "runs"), GPUS=",".join(str(i) for i in range(32)),
@@ -336,9 +343,7 @@ def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_re
     assert late.returncode == 3 and "recipe not started" in late.stdout and calls.read_text().splitlines() == lines
     assert reproduce(tmp_path / "bad", T="1.5").returncode == 2
     # a run that fails (as one that diverges does) is named, and the status says runs remain
-    failing = tmp_path / "failing-python"
-    failing.write_text(fake.read_text().replace("mkdir -p", "case $n in simclr) exit 1 ;; esac\nmkdir -p", 1))
-    failing.chmod(0o755)
+    failing = _stand_in_python(tmp_path / "failing-python", calls, evaluates + "case $n in simclr) exit 1 ;; esac\n" + trains)
     failed = reproduce(tmp_path / "fail", STUDY_PYTHON=str(failing))
     assert failed.returncode == 3 and "reproduce: simclr: train exit 1" in failed.stdout, failed.stdout
 
@@ -347,12 +352,8 @@ def test_a_finished_run_is_not_relaunched_unless_its_command_changed(tmp_path):
     """study.py skips a run that finished with the same train command (and has its linear evaluation when
     one is asked); a changed command, or a missing evaluation, launches it again (the CLI then decides)."""
     calls = tmp_path / "calls.txt"
-    fake = tmp_path / "fake-python"
-    fake.write_text(
-        f"#!/bin/sh\necho \"$*\" >> {calls}\n"
-        "for a in \"$@\"; do case $a in --run_dir=*) d=${a#--run_dir=} ;; --run_name=*) n=${a#--run_name=} ;; esac; done\n"
-        "case \"$*\" in *uniclr_tf.train*) mkdir -p \"$d/$n\"; echo '{\"status\": \"finished\"}' > \"$d/$n/metrics.json\" ;; esac\n")
-    fake.chmod(0o755)
+    fake = _stand_in_python(tmp_path / "fake-python", calls, "case \"$*\" in *uniclr_tf.train*) mkdir -p \"$d/$n\"; "
+                            "echo '{\"status\": \"finished\"}' > \"$d/$n/metrics.json\" ;; esac\n")
     out, runs = tmp_path / "out", tmp_path / "runs"
 
     def study_call(plan_text, *extra):

@@ -43,14 +43,19 @@ for plan in $PLANS; do
   [ -d "$RES/$plan" ] || { left=1; continue; }
   python3 benchmarks/study.py --plan="benchmarks/study/$plan.plan" --out="$RES/$plan" --summary_only --seeds > /dev/null \
     || { failed=1; continue; }
-  unfinished=$(python3 -c "import json, sys; print(sum(r['status'] != 'finished' for r in json.load(open(sys.argv[1]))['rows']))" \
-    "$RES/$plan/summary.json")
-  echo "reproduce: $RES/$plan/summary.md ($unfinished runs of $plan not finished)"
-  [ "$unfinished" = 0 ] || left=1
-  # a run that failed (diverged, refused) would stay unfinished however often the command runs: name it
-  python3 -c "import json, sys; [print(f'reproduce: {r[\"name\"]}: {r[\"status\"]} (its log: $RES/$plan/{r[\"name\"]}/)')
-    for r in json.load(open(sys.argv[1]))['rows'] if r['status'] not in ('finished', 'not started', 'stopped')]" \
-    "$RES/$plan/summary.json"
+  # the count of unfinished runs; a run that failed (diverged, refused) would stay unfinished however often
+  # the command runs, so it is named; exit status 3 while any run is unfinished
+  python3 - "$RES/$plan" "$plan" <<'PY' || left=1
+import json, sys
+folder, plan = sys.argv[1:]
+rows = json.load(open(f"{folder}/summary.json"))["rows"]
+unfinished = [r for r in rows if r["status"] != "finished"]
+print(f"reproduce: {folder}/summary.md ({len(unfinished)} runs of {plan} not finished)")
+for r in unfinished:
+    if r["status"] not in ("not started", "stopped"):
+        print(f"reproduce: {r['name']}: {r['status']} (its log: {folder}/{r['name']}/)")
+sys.exit(3 if unfinished else 0)
+PY
 done
 if "${PYTHON:-python3}" -c "import matplotlib" 2>/dev/null; then
   DIRS="$RES/recipe $RES/methods200 $RES/claims" PLOTS="$RES/plots" PYTHON="${PYTHON:-python3}" \
