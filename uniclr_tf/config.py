@@ -110,12 +110,13 @@ class TrainConfig:
     verbose: int = 0  # 0: a progress bar on a terminal, one line per epoch otherwise
     pictures: bool = True  # views.png, neighbours.png, embedding.png (+ TensorBoard) at the end
     compilation_cache_dir: str = "~/.cache/uniclr_tf/xla"  # JAX: compiled steps kept across runs ("": off)
+    autotune_table: bool = True  # JAX on a GPU: seed the cache with the shipped autotuning results (autotune.py)
     tensorboard_every_steps: int = 10  # per-step TensorBoard scalars every N steps (0: per epoch only)
 
     # Fields that control one invocation, not the run: not in flags.txt, not compared on resume.
     INVOCATION_FIELDS = ("run_dir", "export", "overwrite", "stop_after_steps", "backup_every_minutes", "verbose",
                          "coordinator_address", "num_processes", "process_id", "pictures", "compilation_cache_dir",
-                         "tensorboard_every_steps")
+                         "autotune_table", "tensorboard_every_steps")
 
     VIEW_FIELDS = ("global_scale", "local_scale", "flip_prob", "color_jitter", "color_jitter_prob",
                    "grayscale_prob", "blur_prob", "solarize_prob")
