@@ -6,6 +6,7 @@
 #   GPU 2: the same without the table (--noautotune_table), then the paper's LARS recipe, kNN every 10, without it;
 #   GPU 3: benchmarks.cli_vs_bench: the bench's model-only step, then the LARS recipe, kNN every 10, table on.
 # A card the shipped table lacks gets one first (gpu_autotune_table.sh on the two recipes; said in the log).
+# On a machine with fewer than 4 GPUs, GPU 0 runs the table-on SGD run, then the peer, then the LARS run.
 # Run after the gpu-prep.sh set-up line; writes logs, histories and JSON to RESULTS_DIR (default $OUT/first-run).
 set -u
 res=${1:-$OUT/first-run}; mkdir -p "$res"; W=/tmp/first-run; rm -rf $W; mkdir -p $W
@@ -28,12 +29,22 @@ train() {  # GPU NAME [flags...]: one CLI run with an empty cache; its process s
   echo "$name exit $? process_seconds $(python3 -c "import time; print(round(time.time() - $start, 1))")" | tee -a "$res/$name.log"
   cp $W/runs/$name/history.json "$res/$name-history.json"; cp $W/runs/$name/metrics.json "$res/$name-metrics.json"
 }
-( CUDA_VISIBLE_DEVICES=0 python3 benchmarks/torch_gpu_peer.py --epochs=100 --knn_every=25 --out="$res/peer.json" > "$res/peer.log" 2>&1
-  echo "peer exit $?" | tee -a "$res/peer.log" ) &
+peer() {
+  CUDA_VISIBLE_DEVICES=$1 python3 benchmarks/torch_gpu_peer.py --epochs=100 --knn_every=25 --out="$res/peer.json" > "$res/peer.log" 2>&1
+  echo "peer exit $?" | tee -a "$res/peer.log"
+}
+lars_table() {
+  CUDA_VISIBLE_DEVICES=$1 python3 -m benchmarks.cli_vs_bench --flagfile=configs/paper/fashion_mnist_simaffinity.flags \
+    --epochs=100 --knn_every=10 --work=$W/cvb --out="$res/lars-table-cli-vs-bench.json" -- --nopictures > "$res/lars-table.log" 2>&1
+  echo "cli_vs_bench exit $?" | tee -a "$res/lars-table.log"; cp $W/cvb/cli/history.json "$res/lars-table-history.json"
+}
+if [ "$(nvidia-smi -L | wc -l)" -lt 4 ]; then
+  train 0 sgd-table $SGD; peer 0; lars_table 0
+  exit 0
+fi
+( peer 0 ) &
 ( train 1 sgd-table $SGD ) &
 ( train 2 sgd-notable $SGD --noautotune_table; train 2 lars-notable $LARS --noautotune_table ) &
-( CUDA_VISIBLE_DEVICES=3 python3 -m benchmarks.cli_vs_bench --flagfile=configs/paper/fashion_mnist_simaffinity.flags \
-    --epochs=100 --knn_every=10 --work=$W/cvb --out="$res/lars-table-cli-vs-bench.json" -- --nopictures > "$res/lars-table.log" 2>&1
-  echo "cli_vs_bench exit $?" | tee -a "$res/lars-table.log"; cp $W/cvb/cli/history.json "$res/lars-table-history.json" ) &
+( lars_table 3 ) &
 wait
 grep -h "XLA autotuning\|kNN top-1 (k" "$res"/*.log
