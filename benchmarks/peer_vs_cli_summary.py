@@ -43,9 +43,12 @@ def main():
     args = p.parse_args()
     with open(args.peer) as f:
         peer = json.load(f)
-    runs = [("cli_cold_cache", args.cold), ("cli_warm_cache", args.warm)]
-    runs = [(n, h) for n, h in runs if h] + [("cli_" + c.split("=", 1)[0], c.split("=", 1)[1]) for c in args.cli]
-    if not runs or any(not h for _, h in runs):
+    bad = [c for c in args.cli if "=" not in c or not all(c.split("=", 1))]
+    if bad:
+        p.error(f"--cli={bad[0]}: expected NAME=HISTORY")
+    runs = [(n, h) for n, h in [("cli_cold_cache", args.cold), ("cli_warm_cache", args.warm)] if h]
+    runs += [("cli_" + c.split("=", 1)[0], c.split("=", 1)[1]) for c in args.cli]
+    if not runs:
         p.error("give the CLI runs: --cold/--warm and/or --cli=NAME=HISTORY")
     rows = {"peer": {k: peer[k] for k in ("wall_seconds", "first_epoch_seconds", "knn_seconds_total",
                                           "training_images_per_s", "final_knn_top1", "epochs")}}

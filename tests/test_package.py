@@ -95,6 +95,7 @@ def test_wheel_holds_the_package_its_metadata_and_licence(wheel):
     top = {n.split("/", 1)[0] for n in names}
     assert top == {"uniclr_tf", dist_info}, top  # no tests/, benchmarks/, export/ or scripts/ packages
     assert "uniclr_tf/objectives/uniclr.py" in names and "uniclr_tf/methods/byol.py" in names
+    assert "uniclr_tf/autotune_tables/jaxlib-0.11.2.json" in names  # package data: the XLA autotuning table
     assert licence_files == {"LICENSE", "NOTICE"}
     assert re.search(r"^License-Expression: Apache-2\.0$", metadata, re.M), metadata[:2000]
     assert re.search(r"^Requires-Python: >=3\.11$", metadata, re.M)
