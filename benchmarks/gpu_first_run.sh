@@ -12,13 +12,14 @@ set -u
 res=${1:-$OUT/first-run}; mkdir -p "$res"; W=/tmp/first-run; rm -rf $W; mkdir -p $W
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$res/gpus.txt"
 card=$(python3 -c "import jax; print(jax.devices()[0].device_kind)")
+PEER_RECIPE="--optimizer=sgd --base_learning_rate=0.06 --weight_decay=5e-4"  # the PyTorch peer's (RESULTS.md)
 if ! python3 -m uniclr_tf.autotune list 2>/dev/null | grep -q "  $card:"; then
   echo "the shipped table has no $card: making one for the two recipes first" | tee -a "$res/gpus.txt"
-  CONFIGS="paper-simaffinity|--flagfile=configs/paper/fashion_mnist_simaffinity.flags;paper-simaffinity-sgd|--flagfile=configs/paper/fashion_mnist_simaffinity.flags --optimizer=sgd --base_learning_rate=0.06 --weight_decay=5e-4" \
+  CONFIGS="paper-simaffinity|--flagfile=configs/paper/fashion_mnist_simaffinity.flags;paper-simaffinity-sgd|--flagfile=configs/paper/fashion_mnist_simaffinity.flags $PEER_RECIPE" \
     bash benchmarks/gpu_autotune_table.sh "$res/table" > "$res/table.log" 2>&1
 fi
 python3 -m uniclr_tf.autotune list | tee -a "$res/gpus.txt"
-SGD="--flagfile=configs/paper/fashion_mnist_simaffinity.flags --optimizer=sgd --base_learning_rate=0.06 --weight_decay=5e-4 --warmup_epochs=10 --augment_on=device --epochs=100 --knn_every=25 --verbose=2 --nopictures --overwrite"
+SGD="--flagfile=configs/paper/fashion_mnist_simaffinity.flags $PEER_RECIPE --warmup_epochs=10 --augment_on=device --epochs=100 --knn_every=25 --verbose=2 --nopictures --overwrite"
 LARS="--flagfile=configs/paper/fashion_mnist_simaffinity.flags --augment_on=device --epochs=100 --knn_every=10 --verbose=2 --nopictures --overwrite"
 train() {  # GPU NAME [flags...]: one CLI run with an empty cache; its process seconds, history and metrics
   local gpu=$1 name=$2; shift 2

@@ -62,16 +62,17 @@ def load(path):
 
 def save(table, path):
     """Writes ``table`` to ``path`` atomically (sorted keys: a rerun with the same results changes nothing)."""
-    out = dict(table, entries={k: base64.b64encode(v).decode() for k, v in sorted(table["entries"].items())})
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(out, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    from uniclr_tf.runs import atomic_write_text
+    out = dict(table, entries={k: base64.b64encode(v).decode() for k, v in table["entries"].items()})
+    atomic_write_text(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
 
 
 def _write_new(path, data):
-    """Writes ``data`` to ``path`` unless it exists, through a temporary name (other processes may read)."""
+    """Writes ``data`` to ``path`` unless it exists, through a temporary name (other processes may read).
+
+    Not :func:`uniclr_tf.runs.atomic_save`: hundreds of small files are written on a machine's first run,
+    and a file lost in a crash is only tuned again, so no fsync; and processes of several hosts may seed
+    one shared folder, so the temporary name carries the host."""
     if os.path.exists(path):
         return False
     tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"  # processes of several hosts may share the folder
