@@ -20,6 +20,7 @@ PRECISIONS = ("float32", "bfloat16", "float16")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "data_parallel")
 AUGMENT_ON = ("host", "device")
 BATCH_NORMS = ("global", "per_device")
+ON_COLLAPSE = ("stop", "warn")
 
 # Fields of earlier versions that are method options now (config.json of older runs).
 _LEGACY_OPTION_FIELDS = ("temperature", "gamma", "eps", "whitening_mode", "stop_gradient_cov",
@@ -79,6 +80,7 @@ class TrainConfig:
     momentum: float = 0.9
     warmup_epochs: float = 10.0
     epochs: int = 100
+    stop_at_epoch: int = 0  # 0: train the whole schedule; N: the first N epochs of the --epochs schedule
     batch_size: int = 512
     steps_per_epoch: int = 0  # 0: one pass over the training split
     # evaluation
@@ -87,6 +89,7 @@ class TrainConfig:
     knn_every: int = 1  # epochs between kNN monitor evaluations; 0: only at the end
     knn_max_train: int = 0  # 0: the whole training split as the kNN memory bank
     online_probe: bool = True
+    on_collapse: str = "stop"  # stop | warn (uniclr_tf.callbacks.CollapseDetector)
     # system
     augment_on: str = "host"
     precision: str = "float32"
@@ -105,6 +108,7 @@ class TrainConfig:
     num_processes: int = 0  # 0: $KERAS_DISTRIBUTION_NUM_PROCESSES or 1
     process_id: int = -1  # -1: $KERAS_DISTRIBUTION_PROCESS_ID
     overwrite: bool = False
+    resume_from: str = ""  # a new run starts from this folder's backup/ (e.g. a collapsed run's RUN/healthy)
     stop_after_steps: int = 0  # 0: no limit
     backup_every_minutes: float = 10.0
     verbose: int = 0  # 0: a progress bar on a terminal, one line per epoch otherwise
@@ -114,7 +118,7 @@ class TrainConfig:
     tensorboard_every_steps: int = 10  # per-step TensorBoard scalars every N steps (0: per epoch only)
 
     # Fields that control one invocation, not the run: not in flags.txt, not compared on resume.
-    INVOCATION_FIELDS = ("run_dir", "export", "overwrite", "stop_after_steps", "backup_every_minutes", "verbose",
+    INVOCATION_FIELDS = ("run_dir", "export", "overwrite", "resume_from", "stop_after_steps", "backup_every_minutes", "verbose",
                          "coordinator_address", "num_processes", "process_id", "pictures", "compilation_cache_dir",
                          "autotune_table", "tensorboard_every_steps")
 
@@ -170,6 +174,8 @@ class TrainConfig:
         check(self.warmup_epochs >= 0, "warmup_epochs", "a number >= 0")
         check(self.epochs >= 1, "epochs", "an integer >= 1")
         check(self.warmup_epochs <= self.epochs, "warmup_epochs", f"at most --epochs={self.epochs}")
+        check(0 <= self.stop_at_epoch <= self.epochs, "stop_at_epoch", f"an integer in [0, --epochs={self.epochs}]")
+        check(self.on_collapse in ON_COLLAPSE, "on_collapse", f"one of {ON_COLLAPSE}")
         check(self.batch_size >= 2, "batch_size", "an integer >= 2 (contrastive losses need negatives)")
         check(self.steps_per_epoch >= 0, "steps_per_epoch", "an integer >= 0")
         check(self.knn_k >= 1, "knn_k", "an integer >= 1")

@@ -221,6 +221,14 @@ class UniCLR(train_step_mixin(), keras.Model):
                 target = ops.split(t, len(group), axis=0)
         return features, projected, online, target
 
+    def _symmetric_weight(self, i, j, rows):
+        """``(γ',)`` for a method that takes the symmetric loss (its weight on the pair of views ``i``,
+        ``j`` of ``rows`` rows), ``()`` for the others."""
+        if not self.method.takes_symmetric_loss:
+            return ()
+        global_pair = i < self.num_global and j < self.num_global
+        return (self.method.symmetric_weight(global_pair, int(rows.shape[0])),)
+
     def view_pairs(self, num_views):
         """(online index, target index) pairs compared by the loss (the method's rule)."""
         return self.method.view_pairs(self.num_global, num_views)
@@ -244,7 +252,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         if self.gather_across_replicas:
             online = [self.all_gather(z) for z in online]
             target = [self.all_gather(t) for t in target]
-        results = [self.method.pair_loss(online[i], target[j], self.method_state)
+        results = [self.method.pair_loss(online[i], target[j], self.method_state, *self._symmetric_weight(i, j, online[i]))
                    for i, j in self.view_pairs(len(views))]
         loss = ops.mean(ops.stack([r[0] for r in results]))
         logs = {"objective_loss": loss,

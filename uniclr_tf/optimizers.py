@@ -99,7 +99,7 @@ class LARS(keras.optimizers.Optimizer):
     def __init__(self, learning_rate, momentum=0.9, weight_decay=1e-6, eta=0.001,
                  epsilon=0.0, nesterov=False, exclude_from_adaptation=None,
                  exclude_from_weight_decay=None, exclude_vectors=True, trust_ratio=True, name="lars",
-                 **kwargs):
+                 fixed_learning_rate=None, fixed_lr_patterns=None, **kwargs):
         # Never forward LARS's decay to the base class: it would apply a second, decoupled decay.
         super().__init__(learning_rate=learning_rate, weight_decay=None, name=name, **kwargs)
         self.momentum = self._check_float("momentum", momentum, 0.0, 1.0)
@@ -121,8 +121,16 @@ class LARS(keras.optimizers.Optimizer):
         self.exclude_from_weight_decay_patterns = _as_patterns(
             exclude_from_weight_decay, "exclude_from_weight_decay")
         self._excluded_from_decay_keys = set()  # from exclude_from_weight_decay(var_list=...)
+        # SimSiam's "fixed lr for the predictor": matching parameters take this constant rate
+        # (before any trust ratio) instead of the schedule's.
+        self.fixed_lr_patterns = _as_patterns(fixed_lr_patterns, "fixed_lr_patterns")
+        if self.fixed_lr_patterns and fixed_learning_rate is None:
+            raise ValueError("`fixed_lr_patterns` needs `fixed_learning_rate`")
+        self.fixed_learning_rate = (None if fixed_learning_rate is None else
+                                    self._check_float("fixed_learning_rate", fixed_learning_rate, 0.0, None))
         self._decay_flags = []
         self._adapt_flags = []
+        self._fixed_flags = []
 
     @staticmethod
     def _check_float(arg, value, low, high, strict_low=False):
@@ -179,6 +187,7 @@ class LARS(keras.optimizers.Optimizer):
         # Resolved here, while the variables still carry their Keras paths.
         self._decay_flags = [self.uses_weight_decay(v) for v in variables]
         self._adapt_flags = [self.uses_adaptation(v) for v in variables]
+        self._fixed_flags = [self._matches(v, self.fixed_lr_patterns) for v in variables]
         self.momentums = []
         if self.momentum != 0.0:
             self.momentums = self.add_optimizer_variables(variables, "momentum")
@@ -186,7 +195,7 @@ class LARS(keras.optimizers.Optimizer):
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)
         dtype = variable.dtype
-        lr = ops.cast(learning_rate, dtype)
+        lr = ops.cast(self.fixed_learning_rate if self._fixed_flags[index] else learning_rate, dtype)
         grad = ops.cast(ops.convert_to_tensor(gradient), dtype)
         w = ops.convert_to_tensor(variable)
 
@@ -230,6 +239,8 @@ class LARS(keras.optimizers.Optimizer):
             "exclude_from_weight_decay": list(self.exclude_from_weight_decay_patterns),
             "exclude_vectors": self.exclude_vectors,
             "trust_ratio": self.trust_ratio,
+            "fixed_learning_rate": self.fixed_learning_rate,
+            "fixed_lr_patterns": list(self.fixed_lr_patterns),
         })
         return config
 
@@ -267,7 +278,7 @@ OPTIMIZER_NAMES = ("lars", "sgd", "adamw")
 
 
 def build_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, exclude_from_adaptation=(),
-                    exclude_from_weight_decay=(), nesterov=False):
+                    exclude_from_weight_decay=(), nesterov=False, fixed_learning_rate=None, fixed_lr_patterns=()):
     """The optimizer called ``name``, built the one way the project builds it.
 
     Args:
@@ -282,6 +293,8 @@ def build_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, exclude
         e.g. ``["linear_probe"]`` for the online probe. AdamW takes none (Keras matches its own
         exclusions on variable names, not paths; refused rather than half-honoured).
       nesterov: Nesterov momentum (LARS and SGD; e.g. SimCLR's fine-tuning).
+      fixed_learning_rate, fixed_lr_patterns: LARS and SGD: parameters matching the patterns take
+        the constant ``fixed_learning_rate`` instead of the schedule (SimSiam's predictor).
 
     Returns:
       ``LARS``, :class:`SGD` (this module's, PyTorch's rule) or ``keras.optimizers.AdamW``.
@@ -293,16 +306,19 @@ def build_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, exclude
         raise ValueError(f"optimizer must be one of {OPTIMIZER_NAMES}; received {name!r}")
     adaptation = _as_patterns(exclude_from_adaptation, "exclude_from_adaptation")
     decay = _as_patterns(exclude_from_weight_decay, "exclude_from_weight_decay")
+    fixed = dict(fixed_learning_rate=fixed_learning_rate, fixed_lr_patterns=list(fixed_lr_patterns) or None)
     if name == "lars":
         return LARS(learning_rate, momentum=momentum, weight_decay=weight_decay, nesterov=bool(nesterov),
                     exclude_from_adaptation=list(adaptation) or None,
-                    exclude_from_weight_decay=list(decay) or None)
+                    exclude_from_weight_decay=list(decay) or None, **fixed)
     if name == "sgd":
         if adaptation:
             raise ValueError(f"exclude_from_adaptation is a LARS option; SGD has no trust ratio "
                              f"(received {list(adaptation)})")
         return SGD(learning_rate, momentum=momentum, weight_decay=weight_decay, nesterov=bool(nesterov),
-                   exclude_from_weight_decay=list(decay) or None)
+                   exclude_from_weight_decay=list(decay) or None, **fixed)
+    if fixed_lr_patterns:
+        raise ValueError(f"fixed_lr_patterns is a LARS and SGD option; the {name} optimizer takes none")
     if adaptation or decay:
         raise ValueError(f"exclude_from_adaptation / exclude_from_weight_decay are LARS and SGD options; the "
                          f"{name} optimizer takes none (received {list(adaptation)}, {list(decay)})")

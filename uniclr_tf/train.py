@@ -11,8 +11,11 @@ SIGTERM / SIGINT), ``history.json`` + ``log.csv`` + ``curves.png`` every epoch, 
 the raw-pixel kNN baseline (or, for a run that stopped, why and where).
 
 Rerunning the same command resumes the run from its backup; a finished run says so and exits 0; a
-folder holding a run with other flags is refused (``--overwrite`` starts over). Exit codes: 0
-finished, 1 error or divergence, 75 stopped by ``--stop_after_steps``, 128 + N stopped by signal N.
+folder holding a run with other flags is refused (``--overwrite`` starts over). A run whose
+representation collapses stops (``--on_collapse``, :class:`uniclr_tf.callbacks.CollapseDetector`):
+``metrics.json`` says ``"collapsed"`` and ``RUN/healthy/`` keeps its last healthy backup
+(``--resume_from``). Exit codes: 0 finished, 1 error or divergence, 3 collapsed, 75 stopped by
+``--stop_after_steps``, 128 + N stopped by signal N.
 """
 
 import contextlib
@@ -66,7 +69,15 @@ HELP = {
     "weight_decay": "Weight decay (LARS/SGD add it to the gradient; biases and BN excluded for LARS).",
     "momentum": "Optimizer momentum.",
     "warmup_epochs": "Linear warm-up epochs before the cosine decay.",
-    "epochs": "Training epochs.",
+    "epochs": "Training epochs (the length of the learning-rate schedule).",
+    "stop_at_epoch": "Train only the first N epochs of the --epochs schedule, then finish the run as usual (final "
+                     "kNN, metrics.json); 0: the whole schedule. For checks of a recipe's early epochs.",
+    "resume_from": "A new run starts from the backup in this folder (its backup/ subfolder: weights, optimizer state, "
+                   "step), e.g. RUN/healthy, the last healthy state a collapsed run kept; the flags may differ from "
+                   "that run's (the network must be the same). Ignored when the run folder already holds a run.",
+    "on_collapse": "What a detected collapse does (the embedding std, or the kNN monitor against the raw-pixel "
+                   "baseline, see docs): stop (exit 3, metrics.json status 'collapsed', the last healthy backup "
+                   "kept) or warn and go on.",
     "batch_size": "Global batch size (images per step, each giving num_views views).",
     "steps_per_epoch": "Steps per epoch; 0: one pass over the training split.",
     "knn_k": "k of the weighted kNN evaluation.",
@@ -185,9 +196,12 @@ def build_optimizer(cfg, steps_per_epoch):
                             warmup_steps=int(round(cfg.warmup_epochs * steps_per_epoch)))
     # The online probe is a plain linear classifier: no trust ratio, no decay (as solo-learn).
     probe = ["linear_probe"] if cfg.optimizer in ("lars", "sgd") else ()
+    # SimSiam's predictor learns at a constant rate (the schedule's peak), not on the schedule.
+    fixed = ["predictor"] if cfg.build_method().options.get("predictor_fixed_lr") else []
     return make_optimizer(cfg.optimizer, schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                           exclude_from_adaptation=probe if cfg.optimizer == "lars" else (),
-                          exclude_from_weight_decay=probe)
+                          exclude_from_weight_decay=probe, fixed_lr_patterns=fixed,
+                          fixed_learning_rate=schedule.peak_learning_rate if fixed else None)
 
 
 def run_path(cfg):
@@ -289,7 +303,8 @@ def run(cfg):
     import keras
     from uniclr_tf import backup, data, distribute, runs
     from uniclr_tf.augment import EvalPreprocess
-    from uniclr_tf.callbacks import CollapseWarning, EpochTensorBoard, HistoryRecorder, KNNMonitor, StepClock
+    from uniclr_tf.callbacks import (CollapseDetector, EpochTensorBoard, HistoryRecorder, KNNMonitor, StepClock,
+                                     TrainingCollapsed)
     from uniclr_tf.evaluation import knn_eval, raw_pixel_knn
 
     if cfg.export and keras.backend.backend() != "tensorflow":
@@ -355,6 +370,12 @@ def run(cfg):
               f"{os.path.join(run_dir, 'metrics.json')}. Pass --overwrite to train it again.")
         return run_dir, found
     state = found if status == "resume" else None
+    if status == "new" and cfg.resume_from:
+        state = backup.latest(cfg.resume_from)
+        if state is None:
+            raise ValueError(f"--resume_from={cfg.resume_from}: no backup there ({backup.state_path(cfg.resume_from)} "
+                             "is missing)")
+    last_epoch = cfg.stop_at_epoch or cfg.epochs  # the schedule stays that of --epochs
     initial_step = state["step"] if state else 0
     completed_epochs = state["epoch"] if state else 0
     labelled = bool(info.num_classes) and cfg.online_probe
@@ -383,7 +404,7 @@ def run(cfg):
         # their initialisers are XLA compiles of their own, which would count in the first epoch.
         model.optimizer.build(model.trainable_variables)
         if state:
-            backup.restore(model, run_dir, state)
+            backup.restore(model, cfg.resume_from if status == "new" else run_dir, state)
 
     progress = backup.Progress(steps_per_epoch, initial_step)
     preprocess = EvalPreprocess(size, info.mean, info.std)
@@ -411,11 +432,16 @@ def run(cfg):
                                       stop_after_steps=cfg.stop_after_steps, interrupts=interrupts,
                                       method=cfg.method, before_write=history.pending_write if chief else None)
         if chief:
-            callbacks += [history, CollapseWarning(int(cfg.projector_dims[-1]))]
+            callbacks.append(history)
         if data.have_tensorflow() and chief:  # Keras's TensorBoard callback writes through tf.summary
             callbacks.append(EpochTensorBoard(os.path.join(run_dir, "tb"), every_steps=cfg.tensorboard_every_steps,
                                               steps_per_epoch=steps_per_epoch, initial_step=initial_step))
-        callbacks.append(saver)  # last: it backs up what the others have written for the epoch
+        callbacks.append(saver)  # it backs up what the others have written for the epoch
+        if chief:  # after the saver: it keeps the backup of each epoch it finds healthy
+            # (the kNN monitor runs on process 0 alone: in a job of several processes it only warns)
+            on_collapse = cfg.on_collapse if num_processes == 1 else "warn"
+            callbacks.append(CollapseDetector(int(cfg.projector_dims[-1]), raw["top1"] if raw else None,
+                                              cfg.warmup_epochs, on_collapse, run_dir, writer))
         verbose = cfg.verbose or (1 if sys.stdout.isatty() else 2)
         print(f"run folder: {run_dir}" + (f" (resuming at epoch {completed_epochs + 1}, step {initial_step})"
                                           if state else "")
@@ -435,8 +461,8 @@ def run(cfg):
                           steps_per_epoch=steps_per_epoch - initial_step % steps_per_epoch,
                           callbacks=callbacks, verbose=verbose)
                 epoch += 1
-            if epoch < cfg.epochs:
-                model.fit(train_data(epoch * steps_per_epoch), initial_epoch=epoch, epochs=cfg.epochs,
+            if epoch < last_epoch:
+                model.fit(train_data(epoch * steps_per_epoch), initial_epoch=epoch, epochs=last_epoch,
                           steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose)
             writer.wait()  # the last backup is on disk (and was finite)
         except backup.StopTraining as e:  # between two steps, after a backup
@@ -445,6 +471,11 @@ def run(cfg):
                 history.write()
         except backup.TrainingDiverged as e:
             _record_failure(run_dir, cfg, "diverged", str(e), progress)
+            raise
+        except TrainingCollapsed as e:  # a run that looks finished must not be one that collapsed
+            history.write()
+            _record_failure(run_dir, cfg, "collapsed", str(e), progress, signal=e.signal,
+                            healthy_epoch=e.healthy_epoch)
             raise
         except Exception as e:
             if "Cholesky" in str(e) or "NaN" in str(e):  # TF raises inside the step on a NaN covariance
@@ -477,8 +508,8 @@ def run(cfg):
     if not chief:
         distribute.barrier("run finished", num_processes, strategy)
         return run_dir, {"status": "finished", "process_id": process_id}
-    metrics = {"status": "finished", "method": cfg.method, "epochs": cfg.epochs,
-               "steps": cfg.epochs * steps_per_epoch,
+    metrics = {"status": "finished", "method": cfg.method, "epochs": last_epoch,
+               "steps": last_epoch * steps_per_epoch,
                "final_loss": history.epochs[-1].get("loss") if history.epochs else None,
                "seconds": {"this_invocation": train_seconds, "knn_monitor": knn.seconds if knn else 0.0}}
     if info.num_classes:
@@ -493,8 +524,11 @@ def run(cfg):
                        raw_pixel_knn_memory_bank=raw["memory_bank"],
                        knn_memory_bank=min(cfg.knn_max_train or info.num_train, info.num_train),
                        knn_test=info.num_test)
+        metrics["below_raw_pixel_baseline"] = bool(ssl["top1"] < raw["top1"])
         print(f"kNN top-1 (k={cfg.knn_k}, T={cfg.knn_temperature}) on the test split: {ssl['top1']:.4f} | "
-              f"raw-pixel kNN baseline: {raw['top1']:.4f}")
+              f"raw-pixel kNN baseline: {raw['top1']:.4f}"
+              + (" | below the raw-pixel baseline: this run learned nothing useful" if ssl["top1"] < raw["top1"]
+                 else ""))
     skipped = info.skipped_while_streaming()
     if skipped:
         metrics["skipped_while_streaming"] = len(skipped)
@@ -558,16 +592,17 @@ def _write_run_files(run_dir, cfg, augmenter, info, size):
                             "num_test": info.num_test, "streamed": not info.in_memory})
 
 
-def _record_failure(run_dir, cfg, status, reason, progress):
+def _record_failure(run_dir, cfg, status, reason, progress, **extra):
     """``metrics.json`` of a run that did not finish: always valid JSON, saying why and where."""
     from uniclr_tf import runs
     runs.atomic_write_json(os.path.join(run_dir, "metrics.json"),
                            {"status": status, "reason": reason, "method": cfg.method, "epochs": cfg.epochs,
-                            "epoch": progress.epoch + 1, "step": progress.step})
+                            "epoch": progress.epoch + 1, "step": progress.step, **extra})
 
 
 def main(argv):
     from uniclr_tf import backup
+    from uniclr_tf.callbacks import EXIT_COLLAPSED, TrainingCollapsed
     from uniclr_tf.data import DataError, bad_file_message
     from uniclr_tf.runs import RunFolderError
     try:
@@ -578,6 +613,9 @@ def main(argv):
         sys.exit(e.exit_code)
     except (DataError, RunFolderError, backup.TrainingDiverged) as e:  # one line naming the culprit
         sys.exit(f"error: {e}")
+    except TrainingCollapsed as e:  # metrics.json says "collapsed"; the last healthy backup is kept
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_COLLAPSED)
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once
         sys.exit("\ninterrupted; the last backup (if any) is in the run folder's backup/; rerun the same command "
                  "to resume")

@@ -63,6 +63,14 @@ COMMON_OPTIONS = {
         float, "Weight γ of the symmetric loss ‖A − Aᵀ‖_F on the affinity A = n(z1) n(z2)ᵀ / τ "
                "(UniCLR Eq. 5); any affinity-based method takes it. Alias: --gamma.",
         _non_negative, "a number >= 0"),
+    "symmetric_pairs": Option(
+        str, "Which view pairs the symmetric loss is taken on: global (the two-view affinity the paper "
+             "defines it on; default) or all (every compared pair, local crops too: collapsed the "
+             "multi-crop recipe on some seeds, see docs).", choices=("global", "all")),
+    "symmetric_reference_batch": Option(
+        int, "The symmetric loss is scaled by R/N for a batch of N rows, so that γ means at every batch "
+             "what it means at R rows (‖A − Aᵀ‖_F grows with N); 0 = the paper's unscaled term. "
+             "Default 512, the paper's batch.", _non_negative, "an integer >= 0"),
     "eps": Option(float, "Ridge ε added to the covariance before the Cholesky factorisation.",
                   _positive, "a number > 0 (the ridge keeps Cholesky finite)"),
     "whitening_mode": Option(str, "SimWhitening: cholesky (paper) or one_sided (authors' code).",
@@ -80,6 +88,10 @@ COMMON_OPTIONS = {
     "queue_size": Option(int, "Number of past target embeddings kept as negatives (MoCo's queue).",
                          _positive, "an integer > 0"),
 }
+
+
+#: Options of every method that takes the symmetric loss, with their defaults.
+SYMMETRIC_DEFAULTS = {"symmetric_pairs": "global", "symmetric_reference_batch": 512}
 
 
 class Method:
@@ -153,6 +165,20 @@ class Method:
         pairs += [(l, j) for l in range(num_global, num_views) for j in g]
         return pairs
 
+    @property
+    def takes_symmetric_loss(self):
+        return "symmetric_loss_weight" in self.defaults
+
+    def symmetric_weight(self, global_pair, rows):
+        """The weight γ' of the symmetric loss for one compared pair of ``rows`` rows: 0 where it does
+        not apply (no γ, or a pair with a local crop under ``symmetric_pairs=global``), else γ scaled by
+        ``symmetric_reference_batch / rows`` (γ itself when that option is 0, the paper's term)."""
+        gamma = float(self.options.get("symmetric_loss_weight") or 0.0)
+        if not gamma or (not global_pair and self.options.get("symmetric_pairs", "global") == "global"):
+            return 0.0
+        reference = int(self.options.get("symmetric_reference_batch") or 0)
+        return gamma * reference / int(rows) if reference else gamma
+
     def check_setup(self, batch_size, embedding_dim):
         """Raises ValueError (naming the flags) for a batch or embedding size this method can't use.
         ``batch_size`` is the number of rows one loss call sees (global, or per replica)."""
@@ -199,18 +225,21 @@ class Method:
 
     # --- the loss ----------------------------------------------------------------------------
     def pair_loss(self, online, target, state):
-        """``(loss, terms)`` between online view ``i`` and target view ``j`` (``[N, D]`` each)."""
+        """``(loss, terms)`` between online view ``i`` and target view ``j`` (``[N, D]`` each).
+
+        A method that takes the symmetric loss (``symmetric_loss_weight`` in its ``defaults``) gets a
+        fourth argument, ``gamma``: the weight of that term for this pair (:meth:`symmetric_weight`)."""
         raise NotImplementedError
 
-    def with_symmetry(self, loss, terms, online, target):
+    def with_symmetry(self, loss, terms, online, target, gamma):
         """Adds the UniCLR symmetric loss ``γ‖A − Aᵀ‖_F`` (Eq. 5) on ``A = n(online) n(target)ᵀ / τ``
-        to an affinity-based loss, and logs the unweighted ``symmetry`` as a diagnostic."""
+        to an affinity-based loss, with ``gamma`` from :meth:`symmetric_weight`, and logs the unweighted
+        ``symmetry`` as a diagnostic."""
         a = objectives.affinity_matrix(online, ops.stop_gradient(target) if self.target_kind != "same" else target,
                                        temperature=self.options["temperature"])
         symmetry = objectives.symmetry_loss(a)
-        weight = float(self.options.get("symmetric_loss_weight") or 0.0)
-        if weight:
-            loss = loss + weight * symmetry
+        if gamma:
+            loss = loss + gamma * symmetry
         return loss, dict(terms, symmetry=symmetry)
 
     def __repr__(self):

@@ -6,7 +6,7 @@ the same negatives (KL, weight ``--consistency_weight``, temperature ``--consist
 """
 
 from uniclr_tf import objectives
-from uniclr_tf.methods.base import Method, Option
+from uniclr_tf.methods.base import Method, Option, SYMMETRIC_DEFAULTS
 
 
 class CO2(Method):
@@ -19,7 +19,7 @@ class CO2(Method):
     projector_last_bn = False
     views = "mocov2"
     defaults = {"temperature": 0.2, "ema_momentum": 0.99, "queue_size": 4096, "consistency_weight": 1.0,
-                "consistency_temperature": 0.04, "symmetric_loss_weight": 0.0}
+                "consistency_temperature": 0.04, "symmetric_loss_weight": 0.0, **SYMMETRIC_DEFAULTS}
     option_specs = {
         "consistency_weight": Option(float, "CO2: weight α of the consistency term.", lambda v: v >= 0,
                                      "a number >= 0"),
@@ -27,9 +27,9 @@ class CO2(Method):
                                                  "the negatives.", lambda v: v > 0, "a number > 0"),
     }
 
-    def pair_loss(self, online, target, state):
+    def pair_loss(self, online, target, state, gamma=0.0):
         o = self.options
         loss, terms = objectives.co2_loss(online, target, state["queue"].value, temperature=o["temperature"],
                                           consistency_temperature=o["consistency_temperature"],
                                           consistency_weight=o["consistency_weight"], return_terms=True)
-        return self.with_symmetry(loss, terms, online, target)
+        return self.with_symmetry(loss, terms, online, target, gamma)

@@ -7,7 +7,7 @@ FIFO queue of past keys as negatives (4096 for small data), τ 0.2. Symmetrised 
 """
 
 from uniclr_tf import objectives
-from uniclr_tf.methods.base import Method
+from uniclr_tf.methods.base import Method, SYMMETRIC_DEFAULTS
 
 
 class MoCoV2(Method):
@@ -19,9 +19,10 @@ class MoCoV2(Method):
     uses_queue = True
     projector_last_bn = False
     views = "mocov2"
-    defaults = {"temperature": 0.2, "ema_momentum": 0.99, "queue_size": 4096, "symmetric_loss_weight": 0.0}
+    defaults = {"temperature": 0.2, "ema_momentum": 0.99, "queue_size": 4096, "symmetric_loss_weight": 0.0,
+                **SYMMETRIC_DEFAULTS}
 
-    def pair_loss(self, online, target, state):
+    def pair_loss(self, online, target, state, gamma=0.0):
         loss, terms = objectives.info_nce_loss(online, target, temperature=self.options["temperature"],
                                                queue=state["queue"].value, return_terms=True)
-        return self.with_symmetry(loss, terms, online, target)
+        return self.with_symmetry(loss, terms, online, target, gamma)

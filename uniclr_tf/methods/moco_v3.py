@@ -7,7 +7,7 @@ absorbs the constant).
 """
 
 from uniclr_tf import objectives
-from uniclr_tf.methods.base import Method
+from uniclr_tf.methods.base import Method, SYMMETRIC_DEFAULTS
 
 
 class MoCoV3(Method):
@@ -17,9 +17,9 @@ class MoCoV3(Method):
     target = "ema"
     predictor = "always"
     views = "byol"  # MoCo v3 uses BYOL's asymmetric blur / solarisation
-    defaults = {"temperature": 0.2, "ema_momentum": 0.99, "symmetric_loss_weight": 0.0}
+    defaults = {"temperature": 0.2, "ema_momentum": 0.99, "symmetric_loss_weight": 0.0, **SYMMETRIC_DEFAULTS}
 
-    def pair_loss(self, online, target, state):
+    def pair_loss(self, online, target, state, gamma=0.0):
         loss, terms = objectives.info_nce_loss(online, target, temperature=self.options["temperature"],
                                                return_terms=True)
-        return self.with_symmetry(loss, terms, online, target)
+        return self.with_symmetry(loss, terms, online, target, gamma)

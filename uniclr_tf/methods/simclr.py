@@ -6,7 +6,7 @@ ways). The UniCLR symmetric loss is an add-on (``--symmetric_loss_weight``), 0 b
 """
 
 from uniclr_tf import objectives
-from uniclr_tf.methods.base import Method
+from uniclr_tf.methods.base import Method, SYMMETRIC_DEFAULTS
 
 
 class SimCLR(Method):
@@ -15,9 +15,9 @@ class SimCLR(Method):
     terms = ("cross_entropy", "symmetry")
     projector_last_bn = False  # SimCLR's MLP head ends in a plain linear layer
     views = "simclr"
-    defaults = {"temperature": 0.5, "symmetric_loss_weight": 0.0}
+    defaults = {"temperature": 0.5, "symmetric_loss_weight": 0.0, **SYMMETRIC_DEFAULTS}
 
-    def pair_loss(self, online, target, state):
+    def pair_loss(self, online, target, state, gamma=0.0):
         loss, terms = objectives.nt_xent_loss(online, target, temperature=self.options["temperature"],
                                               return_terms=True)
-        return self.with_symmetry(loss, terms, online, target)
+        return self.with_symmetry(loss, terms, online, target, gamma)

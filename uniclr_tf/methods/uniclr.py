@@ -3,11 +3,14 @@
 Symmetric when used plain; the paper's tricks (Table 1) are options: an EMA target
 (``--ema_momentum``), a predictor (``--predictor``) and multi-crop (any method). The symmetric loss
 ``γ‖A − Aᵀ‖_F`` is part of SimAffinity's and SimWhitening's definition (Eq. 6), with γ the option
-``symmetric_loss_weight`` (alias ``--gamma``).
+``symmetric_loss_weight`` (alias ``--gamma``). By default it is taken on the global-view pairs only
+and scaled to the paper's batch of 512 (``symmetric_pairs``, ``symmetric_reference_batch``: see
+:meth:`uniclr_tf.methods.base.Method.symmetric_weight`); ``--symmetric_pairs=all
+--symmetric_reference_batch=0`` is the paper's plain term on every compared pair.
 """
 
 from uniclr_tf import objectives
-from uniclr_tf.methods.base import Method
+from uniclr_tf.methods.base import SYMMETRIC_DEFAULTS, Method
 
 PAPER = "Li et al. 2022, arXiv 2211.14516"
 _TRICKS = {"ema_momentum": 0.0, "predictor": False}
@@ -20,12 +23,12 @@ class SimAffinity(Method):
     name, family, paper = "simaffinity", "UniCLR", PAPER
     terms = ("cross_entropy", "symmetry")
     predictor = "optional"
-    defaults = {"temperature": 0.5, "symmetric_loss_weight": 0.01, "symmetric_directions": False, **_TRICKS}
+    defaults = {"temperature": 0.5, "symmetric_loss_weight": 0.01, "symmetric_directions": False,
+                **SYMMETRIC_DEFAULTS, **_TRICKS}
 
-    def pair_loss(self, online, target, state):
+    def pair_loss(self, online, target, state, gamma=0.0):
         o = self.options
-        return objectives.sim_affinity_loss(online, target, temperature=o["temperature"],
-                                            gamma=o["symmetric_loss_weight"],
+        return objectives.sim_affinity_loss(online, target, temperature=o["temperature"], gamma=gamma,
                                             symmetric_directions=o["symmetric_directions"], return_terms=True)
 
     def setup_warnings(self):
@@ -45,12 +48,12 @@ class SimWhitening(Method):
     predictor = "optional"
     whitens = True
     defaults = {"temperature": 1.0, "symmetric_loss_weight": 0.01, "symmetric_directions": False,
-                "whitening_mode": "cholesky", **_WHITENING, **_TRICKS}
+                "whitening_mode": "cholesky", **SYMMETRIC_DEFAULTS, **_WHITENING, **_TRICKS}
 
-    def pair_loss(self, online, target, state):
+    def pair_loss(self, online, target, state, gamma=0.0):
         o = self.options
         return objectives.sim_whitening_loss(
-            online, target, temperature=o["temperature"], gamma=o["symmetric_loss_weight"], eps=o["eps"],
+            online, target, temperature=o["temperature"], gamma=gamma, eps=o["eps"],
             mode=o["whitening_mode"], stop_gradient_cov=o["stop_gradient_cov"],
             symmetric_directions=o["symmetric_directions"], groups=o["whitening_groups"], return_terms=True)
 
