@@ -20,7 +20,6 @@ import dataclasses
 import errno
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -90,12 +89,14 @@ HELP = {
                            "Callbacks, the progress bar and signal checks then see every K-th step.",
     "seed": "Random seed.",
     "run_dir": "Parent folder of run folders.",
-    "run_name": "Run folder name (empty: <method>-<dataset>-<timestamp>).",
+    "run_name": "Run folder name inside --run_dir (empty: <method>-<dataset>, so rerunning the same command "
+                "resumes it); a plain name: no '/', '..', absolute path or symbolic link.",
     "export": "Export a SavedModel of the encoder into <run>/export at the end (TF backend).",
     "coordinator_address": "JAX multi-controller job: process 0's HOST:PORT (else $KERAS_DISTRIBUTION_JOB_ADDRESSES).",
     "num_processes": "JAX multi-controller job: number of processes (0: $KERAS_DISTRIBUTION_NUM_PROCESSES or 1).",
     "process_id": "JAX multi-controller job: this process's index (-1: $KERAS_DISTRIBUTION_PROCESS_ID).",
-    "overwrite": "Start the run again in a run folder that holds one (its files are removed first).",
+    "overwrite": "Start the run again in a run folder that holds one (its files are removed first); a folder that "
+                 "holds no run of this tool is never removed.",
     "pictures": "At the end, write views.png (augmented views), neighbours.png (nearest training images of test "
                 "images in feature space) and embedding.png (t-SNE map), and the same to TensorBoard.",
     "stop_after_steps": "Stop after this many steps of this invocation with a backup, as a preempted job would "
@@ -193,8 +194,9 @@ def build_optimizer(cfg, steps_per_epoch):
 def run_path(cfg):
     """The run folder: ``<run_dir>/<run_name>``, by default ``<method>-<dataset>`` (so rerunning the
     same command finds the same folder and resumes it)."""
+    from uniclr_tf import runs
     name = cfg.run_name or f"{cfg.method}-{cfg.dataset.replace(':', '_').replace('/', '_')}"
-    return os.path.join(cfg.run_dir, name)
+    return runs.run_folder_path(cfg.run_dir, name)
 
 
 def check_writable(folder):
@@ -210,20 +212,24 @@ def check_writable(folder):
 def prepare_run_folder(cfg, run_dir):
     """Decides what to do with ``run_dir``: returns ``("new", None)``, ``("resume", state or None)`` or
     ``("finished", metrics)``; raises ValueError when it holds a run with other flags (unless
-    ``--overwrite``, which removes it first)."""
-    from uniclr_tf import backup
-    if not os.path.isdir(run_dir) or not os.listdir(run_dir):
+    ``--overwrite``, which empties it first) or files that are not a run of this tool (always).
+    The caller holds the folder's lock (:class:`uniclr_tf.runs.RunLock`)."""
+    from uniclr_tf import backup, runs
+    if not os.path.isdir(run_dir) or not set(os.listdir(run_dir)) - {runs.LOCK_FILE}:
         return "new", None
+    if not runs.is_run_folder(run_dir):
+        raise ValueError(f"--run_name: {run_dir} exists and holds files that are not a run of uniclr_tf.train "
+                         "(no config.json + flags.txt); choose another --run_name or --run_dir")
     if cfg.overwrite:
-        shutil.rmtree(run_dir)
+        runs.clear_run_folder(run_dir)
         return "new", None
     config_path = os.path.join(run_dir, "config.json")
     try:
         with open(config_path) as f:
             old = TrainConfig.from_json(f.read())
     except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"--run_name: {run_dir} exists but holds no readable run (config.json: {e}); pass "
-                         "--overwrite to replace it, or another --run_name") from None
+        raise ValueError(f"--run_name: {run_dir} holds a run whose config.json is unreadable ({e}); pass "
+                         "--overwrite to start it again, or another --run_name") from None
     diffs = cfg.differences(old)
     if diffs:
         listed = "; ".join(f"--{k}: {b!r} in the folder, {a!r} now" for k, a, b in diffs[:8])
@@ -285,7 +291,14 @@ def run(cfg):
 
     Raises :class:`uniclr_tf.backup.TrainingStopped` when it stopped early with a backup (a signal,
     ``--stop_after_steps``) and :class:`uniclr_tf.backup.TrainingDiverged` on a non-finite loss or weight.
+    Process 0 holds the run folder's lock (:class:`uniclr_tf.runs.RunLock`) until it returns.
     """
+    with contextlib.ExitStack() as held:
+        return _run(cfg, held)
+
+
+def _run(cfg, held):
+    """:func:`run`; ``held`` (an ``ExitStack``) keeps the run folder's lock until the run ends."""
     import keras
     from uniclr_tf import backup, data, distribute, runs
     from uniclr_tf.augment import EvalPreprocess
@@ -342,6 +355,7 @@ def run(cfg):
     # Process 0 decides (and may --overwrite) and writes the run's files; then the others read the
     # same folder (shared storage) and reach the same decision.
     if chief:
+        held.enter_context(runs.RunLock(run_dir))  # one process at a time; the others see who holds it
         status, found = prepare_run_folder(cfg, run_dir)
         if status != "new":  # what a process killed mid-write (kill -9) left behind
             runs.remove_temporaries(run_dir)
@@ -547,6 +561,7 @@ def _write_run_files(run_dir, cfg, augmenter, info, size):
     """``flags.txt`` (replayable), ``config.json`` (with the view recipe used) and ``dataset.json``."""
     from uniclr_tf import runs
     os.makedirs(run_dir, exist_ok=True)
+    runs.mark_run_folder(run_dir)  # first: what --overwrite recognises as a run of this tool
     runs.atomic_write_text(os.path.join(run_dir, "flags.txt"), cfg.to_flagfile())
     runs.atomic_write_json(os.path.join(run_dir, "config.json"),
                            {**cfg.to_dict(), "views": json.loads(json.dumps(augmenter.get_config(), default=str))})
