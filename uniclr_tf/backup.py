@@ -28,6 +28,7 @@ ahead of the training step; a resumed TF run sees the same images in the same or
 random crops. The epoch-mean metrics of an epoch resumed mid-way cover the steps after the resume.
 """
 
+import errno
 import glob
 import json
 import math
@@ -42,6 +43,7 @@ from uniclr_tf import runs
 
 BACKUP_DIR = "backup"
 STATE_FILE = "state.json"
+STATE_KEY = "__state__"  # a weight file's own copy of its state (a resume without state.json)
 
 EXIT_PAUSED = 75  # EX_TEMPFAIL: stopped on purpose (--stop_after_steps); rerun the same command to continue
 
@@ -63,20 +65,94 @@ def state_path(run_dir):
 
 
 def latest(run_dir):
-    """The last consistent backup's state dict, or None when there is none."""
+    """The last intact backup's state dict, or None when the folder holds no backup at all.
+
+    The newest backup (``state.json``'s ``weights``) is checked (every array's CRC); when it is
+    damaged the one before (``previous``) is used, with one line saying so. A missing or unreadable
+    ``state.json`` beside weight files is recovered from the newest intact weight file's own record
+    (one line), never taken for a fresh start. What cannot be used is a :class:`runs.RunFolderError`
+    naming the file."""
+    folder = os.path.join(run_dir, BACKUP_DIR)
     path = state_path(run_dir)
+    weights = sorted(glob.glob(os.path.join(folder, "weights-*.npz")))
     if not os.path.exists(path):
-        return None
+        return _recover_without_state(run_dir, weights) if weights else None
+    where = f"run folder {run_dir!r}: {BACKUP_DIR}/{STATE_FILE}"
     try:
         with open(path) as f:
             state = json.load(f)
+        _check_state(state)
     except (OSError, ValueError) as e:
-        raise runs.RunFolderError(f"run folder {run_dir!r}: unreadable {BACKUP_DIR}/{STATE_FILE} ({e}); "
-                                  "pass --overwrite to start the run again") from None
-    if not os.path.exists(os.path.join(run_dir, BACKUP_DIR, state["weights"])):
-        raise runs.RunFolderError(f"run folder {run_dir!r}: {BACKUP_DIR}/{STATE_FILE} names {state['weights']}, "
-                                  "which is missing; pass --overwrite to start the run again")
-    return state
+        recovered = _recover_without_state(run_dir, weights, f"unreadable ({e})") if weights else None
+        if recovered is None:
+            raise runs.RunFolderError(f"{where} is unreadable ({e}); pass --overwrite to start the run "
+                                      "again") from None
+        return recovered
+    problem = _damage(os.path.join(folder, state["weights"]))
+    if problem is None:
+        return state
+    previous = state.get("previous")
+    if previous and _damage(os.path.join(folder, previous["weights"])) is None:
+        print(f"warning: {BACKUP_DIR}/{state['weights']} is {problem}; resuming from the backup before it, "
+              f"{previous['weights']} (epoch {previous['epoch'] + 1}, step {previous['step']})", flush=True)
+        return {**previous, "previous": None}
+    raise runs.RunFolderError(f"run folder {run_dir!r}: {BACKUP_DIR}/{state['weights']} is {problem}, and no "
+                              "earlier backup is intact; pass --overwrite to start the run again")
+
+
+def _check_state(state):
+    """Raises ValueError unless ``state`` has what a resume needs."""
+    if not isinstance(state, dict):
+        raise ValueError("not a JSON object")
+    for key in ("epoch", "step", "weights"):
+        if key not in state:
+            raise ValueError(f"no {key!r} entry")
+    if not isinstance(state["weights"], str) or "/" in state["weights"]:
+        raise ValueError(f"bad 'weights' entry {state['weights']!r}")
+
+
+def _damage(path):
+    """Why the weight file at ``path`` cannot be restored (missing, empty, truncated, a bad CRC), or
+    None when it is intact. Reads the whole file (every member's CRC is checked)."""
+    import zipfile
+    if not os.path.exists(path):
+        return "missing"
+    if os.path.getsize(path) == 0:
+        return "empty (0 bytes)"
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        if bad is not None:
+            return f"damaged (bad CRC in {bad})"
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        return f"damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
+
+
+def _embedded_state(path):
+    """The state a weight file records of itself (``__state__``), or None (older files have none)."""
+    try:
+        with np.load(path) as data:
+            if STATE_KEY not in data.files:
+                return None
+            state = json.loads(str(data[STATE_KEY]))
+        _check_state(state)
+        return state
+    except Exception:  # a damaged file: not usable
+        return None
+
+
+def _recover_without_state(run_dir, weights, why="missing"):
+    """The newest intact weight file's own record when ``state.json`` is ``why`` (one line), else
+    a RunFolderError naming the file."""
+    for path in reversed(weights):
+        state = _embedded_state(path) if _damage(path) is None else None
+        if state is not None:
+            print(f"warning: {BACKUP_DIR}/{STATE_FILE} is {why}; resuming from {os.path.basename(path)} (epoch "
+                  f"{state['epoch'] + 1}, step {state['step']}), which records its own state", flush=True)
+            return {**state, "weights": os.path.basename(path), "previous": None}
+    raise runs.RunFolderError(f"run folder {run_dir!r}: {BACKUP_DIR}/{STATE_FILE} is {why} and no weight file in "
+                              f"{BACKUP_DIR}/ records its own state; pass --overwrite to start the run again")
 
 
 def _variables(model):
@@ -212,23 +288,51 @@ def to_host(values, pause=0.0):
 
 
 def write(run_dir, values, epoch, step, reason):
-    """Writes a snapshot as the run's backup, atomically; returns its state dict."""
+    """Writes a snapshot as the run's backup, atomically; returns its state dict.
+
+    The new weight file is read back and checked before ``state.json`` names it; the backup before
+    it stays on disk (``state.json``'s ``previous``) until a newer one replaces it, so a damaged
+    latest file still leaves one to resume from. Older weight files are removed last."""
     folder = os.path.join(run_dir, BACKUP_DIR)
     os.makedirs(folder, exist_ok=True)
     name = f"weights-{step:09d}.npz"
-
-    def save_npz(tmp):
-        with open(tmp, "wb") as f:
-            np.savez(f, **{f"{i:05d}|{path}": value for i, (path, value) in enumerate(values)})
-
-    runs.atomic_save(os.path.join(folder, name), save_npz)
     state = {"epoch": int(epoch), "step": int(step), "weights": name, "reason": reason,
              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    runs.atomic_write_json(os.path.join(folder, STATE_FILE), state)
+
+    def save_npz(tmp):
+        arrays = {f"{i:05d}|{path}": value for i, (path, value) in enumerate(values)}
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays, **{STATE_KEY: np.array(json.dumps(state))})
+        problem = _damage(tmp)
+        if problem is not None:  # never name a file that does not read back
+            raise OSError(errno.EIO, f"the backup read back {problem}", tmp)
+
+    runs.atomic_save(os.path.join(folder, name), save_npz)
+    previous = _previous_backup(run_dir, name)
+    runs.atomic_write_json(os.path.join(folder, STATE_FILE), {**state, "previous": previous})
+    keep = {name, previous["weights"] if previous else None}
     for old in glob.glob(os.path.join(folder, "weights-*.npz")):
-        if os.path.basename(old) != name:
+        if os.path.basename(old) not in keep:
             os.remove(old)
     return state
+
+
+def _previous_backup(run_dir, name):
+    """The state (without its own ``previous``) of the backup that ``state.json`` names now, if it is
+    another intact file: the one kept besides the new ``name``."""
+    try:
+        with open(state_path(run_dir)) as f:
+            state = json.load(f)
+        _check_state(state)
+    except (OSError, ValueError):
+        return None
+    if _damage(os.path.join(run_dir, BACKUP_DIR, state["weights"])) is not None:  # the one before it, if intact
+        state = state.get("previous") or {}
+        if "weights" not in state or _damage(os.path.join(run_dir, BACKUP_DIR, state["weights"])) is not None:
+            return None
+    if state["weights"] == name:
+        return None
+    return {k: state[k] for k in ("epoch", "step", "weights", "reason") if k in state}
 
 
 def restore(model, run_dir, state):
@@ -237,7 +341,7 @@ def restore(model, run_dir, state):
         model.optimizer.build(model.trainable_variables)
     path = os.path.join(run_dir, BACKUP_DIR, state["weights"])
     with np.load(path) as data:
-        keys = sorted(data.files)
+        keys = sorted(k for k in data.files if k != STATE_KEY)
         variables = _variables(model)
         saved = [k.split("|", 1)[1] for k in keys]
         if saved != [v.path for v in variables]:
@@ -254,11 +358,12 @@ class Writer:
     thread, one at a time; an error (a full disk, non-finite weights) is raised by the next call.
     ``wait`` blocks until the last write is on disk."""
 
-    def __init__(self, run_dir, method=None, enabled=True):
+    def __init__(self, run_dir, method=None, enabled=True, last=None):
+        """``last``: the state of the backup the run resumed from (None: a new run)."""
         self.run_dir, self.method, self.enabled = run_dir, method, enabled
         self._thread = None
         self._error = None
-        self.last = latest(run_dir) if os.path.isdir(run_dir) else None
+        self.last = last
 
     def _run(self, values, epoch, step, reason, after=None, pause=0.0):
         try:

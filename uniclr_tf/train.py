@@ -419,7 +419,7 @@ def _run(cfg, held):
     history = HistoryRecorder(run_dir, title=f"{cfg.method} · {os.path.basename(run_dir)} · {cfg.dataset}",
                               reference={"raw-pixel kNN top-1": raw["top1"]} if raw else None,
                               epochs=_read_history(run_dir, completed_epochs) if chief else ())
-    writer = backup.Writer(run_dir, method=cfg.method, enabled=chief)
+    writer = backup.Writer(run_dir, method=cfg.method, enabled=chief, last=state)
     with backup.Interrupts() as interrupts:
         saver = backup.BackupCallback(writer, progress, every_s=60.0 * cfg.backup_every_minutes,
                                       stop_after_steps=cfg.stop_after_steps, interrupts=interrupts,
