@@ -40,6 +40,8 @@ HELP = {
                     "--dataset then trains on all its images. Empty: --dataset's own test split.",
     "holdout_fraction": "Fraction of the training data (per class for folders) held out as the test split when "
                         "--dataset has none and no --eval_dataset is given; in (0, 0.5].",
+    "max_image_pixels": "folder: datasets: an image file of more pixels (height x width, read from its header "
+                        "before decoding) is a bad file (a decompression bomb); 0: the default, 89,478,485.",
     "max_in_memory_mb": "folder: datasets whose decoded images (N x H x W x 3 bytes) fit in this many MB are decoded "
                         "into memory at load (faster epochs; needed without TensorFlow); larger ones stream from disk "
                         "through tf.data. 0: always stream.",
@@ -326,12 +328,15 @@ def _run(cfg, held):
     info = data.load_dataset(cfg.dataset, image_size=cfg.image_size or None, data_dir=cfg.data_dir or None,
                              skip_bad_files=cfg.skip_bad_files, max_examples=cfg.max_examples or None,
                              eval_spec=cfg.eval_dataset or None, holdout_fraction=cfg.holdout_fraction,
-                             max_in_memory_mb=cfg.max_in_memory_mb)
+                             max_in_memory_mb=cfg.max_in_memory_mb, max_image_pixels=cfg.max_image_pixels or None)
     if chief:  # where the test split comes from, what is held out, whether the data streams
         for note in info.notes:
             print(note, flush=True)
     size = cfg.image_size or info.image_shape[0]
     num_train = min(info.num_train, cfg.max_examples or info.num_train)
+    if num_train < cfg.batch_size:  # every batch would repeat images (a contrastive batch then holds duplicates)
+        raise ValueError(f"--batch_size={cfg.batch_size}: {cfg.dataset} has only {num_train} training images, fewer "
+                         "than one batch; lower --batch_size or add images")
     steps_per_epoch = cfg.steps_per_epoch or max(num_train // cfg.batch_size, 1)
     cfg = dataclasses.replace(cfg, steps_per_epoch=steps_per_epoch)
     if cfg.steps_per_execution > 1 and steps_per_epoch % cfg.steps_per_execution:
