@@ -431,17 +431,46 @@ def divergence_message(epoch, step, terms, weights=(), method=None):
             "The last finite backup is kept; rerun with a changed flag and --overwrite")
 
 
-class Interrupts:
-    """Turns SIGTERM and SIGINT into a request to stop at the next step boundary (a second Ctrl-C
-    stops at once). A context manager; handlers are installed in the main thread only."""
+class Interrupted(BaseException):
+    """Raised by :class:`Interrupts` where waiting for a step boundary is not possible: outside
+    training (``immediate``), or on a second SIGINT. A ``BaseException``, as ``KeyboardInterrupt``,
+    so that no ``except Exception`` on the way swallows it. ``exit_code`` is 128 + the signal."""
 
-    def __init__(self):
+    def __init__(self, signum, twice=False):
+        self.signum, self.twice = signum, twice
+        self.exit_code = 128 + int(signum)
+        super().__init__(signal.Signals(signum).name + (" twice" if twice else ""))
+
+
+#: What a stop outside training leaves (said by the train CLI's line); set by ``train.run`` as it goes.
+_phase = {"where": "before training started; nothing was saved by this invocation"}
+
+
+def set_phase(where):
+    """Says what a signal arriving now would leave behind (the train CLI prints it)."""
+    _phase["where"] = where
+
+
+def phase():
+    return _phase["where"]
+
+
+class Interrupts:
+    """Turns SIGTERM and SIGINT into a request to stop at the next step boundary (a second SIGINT
+    raises :class:`Interrupted` at once). With ``immediate``, every such signal raises
+    :class:`Interrupted` at once (outside training: loading, building, the final evaluation). A
+    context manager; handlers are installed in the main thread only, and the previous ones restored."""
+
+    def __init__(self, immediate=False):
         self.signal = None
+        self.immediate = immediate
         self._previous = {}
 
     def _handle(self, signum, frame):
+        if self.immediate:
+            raise Interrupted(signum)
         if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            raise Interrupted(signum, twice=True)
         self.signal = signum
         print(f"\nreceived {signal.Signals(signum).name}: saving a backup at the next step boundary "
               "(Ctrl-C again to stop at once)", flush=True)
@@ -496,9 +525,15 @@ class BackupCallback(keras.callbacks.Callback):
     is on disk before the backup is.
     """
 
+    #: Divergence inside an epoch: the epoch's running loss means are read every this many steps, at
+    #: most every :attr:`check_min_s` seconds (a host fetch of a few scalars: never one per step).
+    check_every_steps = 10
+    check_min_s = 0.5
+
     def __init__(self, writer, progress, every_s=600.0, stop_after_steps=0, interrupts=None, method=None,
                  before_write=None):
         super().__init__()
+        self._last_check = time.monotonic()
         self.writer, self.progress = writer, progress
         self.before_write = before_write
         self.every_s, self.stop_after_steps = float(every_s), int(stop_after_steps)
@@ -530,12 +565,27 @@ class BackupCallback(keras.callbacks.Callback):
         elif self.stop_after_steps and p.step - p.initial_step >= self.stop_after_steps:
             reason = "stop_after_steps"
         elif time.monotonic() - self._last_save >= self.every_s and not self.writer.busy:
+            self._check_divergence(batch)
             self._backup("time")
             return
         else:
+            self._check_divergence(batch)
             return
         self._backup(reason, background=False)
         raise StopTraining(reason)
+
+    def _check_divergence(self, batch):
+        """Raises :class:`TrainingDiverged` when the epoch's running mean of a loss term is non-finite
+        (one non-finite step makes it so), every :attr:`check_every_steps` steps. Reads the metric
+        trackers' ``total`` variables on the host (no ``keras.ops``: no compile on JAX)."""
+        if not batch or batch % self.check_every_steps or time.monotonic() - self._last_check < self.check_min_s:
+            return
+        self._last_check = time.monotonic()
+        bad = [m.name for m in self.model.metrics
+               if hasattr(m, "total") and not np.all(np.isfinite(keras.ops.convert_to_numpy(m.total.value)))]
+        if bad:
+            p = self.progress
+            raise TrainingDiverged(divergence_message(p.epoch + 1, p.step, bad, method=self.method))
 
     def on_epoch_end(self, epoch, logs=None):
         p = self.progress

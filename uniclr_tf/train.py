@@ -307,6 +307,7 @@ def _run(cfg, held):
     from uniclr_tf.callbacks import CollapseWarning, EpochTensorBoard, HistoryRecorder, KNNMonitor, StepClock
     from uniclr_tf.evaluation import knn_eval, raw_pixel_knn
 
+    backup.set_phase("before training started; nothing was saved by this invocation: rerun the same command")
     if cfg.export and keras.backend.backend() != "tensorflow":
         raise ValueError("--export writes a TF SavedModel and needs KERAS_BACKEND=tensorflow; train under "
                          f"{keras.backend.backend()!r}, then run `python -m uniclr_tf.export` with the TF backend")
@@ -436,8 +437,7 @@ def _run(cfg, held):
                                               steps_per_epoch=steps_per_epoch, initial_step=initial_step))
         callbacks.append(saver)  # last: it backs up what the others have written for the epoch
         verbose = cfg.verbose or (1 if sys.stdout.isatty() else 2)
-        print(f"run folder: {run_dir}" + (f" (resuming at epoch {completed_epochs + 1}, step {initial_step})"
-                                          if state else "")
+        print(f"run folder: {run_dir}" + _resume_note(state, cfg.epochs)
               + f"\nmethod: {method!r}, logging {', '.join(method.terms)}\n"
               f"{cfg.dataset}: {num_train} training images {tuple(info.image_shape)}, "
               f"{steps_per_epoch} steps/epoch of batch {cfg.batch_size}, backend {keras.backend.backend()}",
@@ -450,9 +450,10 @@ def _run(cfg, held):
             epoch = initial_step // steps_per_epoch
             if initial_step % steps_per_epoch:  # resumed mid-epoch: finish that epoch first
                 # (a multiple of --steps_per_execution: backups happen between blocks, which divide an epoch)
-                model.fit(train_data(initial_step), initial_epoch=epoch, epochs=epoch + 1,
+                # epochs=cfg.epochs, stopped after this one: the progress bar says "Epoch E/<epochs>"
+                model.fit(train_data(initial_step), initial_epoch=epoch, epochs=cfg.epochs,
                           steps_per_epoch=steps_per_epoch - initial_step % steps_per_epoch,
-                          callbacks=callbacks, verbose=verbose)
+                          callbacks=callbacks + [_stop_after_one_epoch()], verbose=verbose)
                 epoch += 1
             if epoch < cfg.epochs:
                 model.fit(train_data(epoch * steps_per_epoch), initial_epoch=epoch, epochs=cfg.epochs,
@@ -465,6 +466,15 @@ def _run(cfg, held):
         except backup.TrainingDiverged as e:
             _record_failure(run_dir, cfg, "diverged", str(e), progress)
             raise
+        except backup.Interrupted as e:  # a second SIGINT: stopped at once, between two backups
+            writer.wait(raise_error=False)  # a backup being written is finished first
+            last = writer.last
+            backup.set_phase("stopped at once, no backup of this step; " + (
+                f"the last backup is at epoch {last['epoch'] + 1}, step {last['step']}: rerun the same command to "
+                "resume from it" if last else "no backup yet: rerunning the same command starts over"))
+            if chief:
+                _record_failure(run_dir, cfg, "interrupted", f"{e} (stopped at once)", progress, last)
+            raise
         except Exception as e:
             if "Cholesky" in str(e) or "NaN" in str(e):  # TF raises inside the step on a NaN covariance
                 message = backup.divergence_message(progress.epoch + 1, progress.step, ["covariance (Cholesky)"],
@@ -476,6 +486,7 @@ def _run(cfg, held):
             writer.wait(raise_error=False)
             history.wait()
         train_seconds = time.perf_counter() - start
+    backup.set_phase(_after_training_phase(writer.last, stopped))
 
     # Saving a model of a multi-process job is collective (every process calls it, in the same
     # order; each writes its own temporary file and the identical results are renamed into place).
@@ -486,7 +497,10 @@ def _run(cfg, held):
         runs.atomic_save(os.path.join(run_dir, "projector.keras"), model.projector.save)
         if chief:
             _record_failure(run_dir, cfg, "interrupted", stopped, progress)
-        last = writer.last or {"epoch": progress.step // steps_per_epoch, "step": progress.step}
+        last = writer.last
+        if last is None:  # stopped before its first step: nothing to back up
+            raise backup.TrainingStopped(f"stopped before the first step ({stopped}); no backup was needed. Rerun "
+                                         "the same command to start the run.", code)
         raise backup.TrainingStopped(
             f"stopped at epoch {last['epoch'] + 1}, step {last['step']} ({stopped}); backup saved in "
             f"{os.path.join(run_dir, backup.BACKUP_DIR)}. Rerun the same command to resume.", code)
@@ -529,10 +543,10 @@ def _run(cfg, held):
                 tensorboard=data.have_tensorflow(), batch_size=2048)  # the kNN's batch: its compiled features
         metrics["pictures"] = {k: os.path.basename(v) for k, v in drawn.items()}
         print("pictures: " + "  ".join(v for k, v in drawn.items() if k in ("views", "neighbours", "embedding")))
-    runs.atomic_write_json(os.path.join(run_dir, "metrics.json"), metrics)
-    if cfg.export:
+    if cfg.export:  # before metrics.json: "finished" is written last, after every artefact asked for
         from uniclr_tf.export import export_run
         export_run(run_dir, os.path.join(run_dir, "export"), overwrite=True)
+    runs.atomic_write_json(os.path.join(run_dir, "metrics.json"), metrics)
     distribute.barrier("run finished", num_processes, strategy)
     return run_dir, metrics
 
@@ -578,12 +592,47 @@ def _write_run_files(run_dir, cfg, augmenter, info, size):
                             "num_test": info.num_test, "streamed": not info.in_memory})
 
 
-def _record_failure(run_dir, cfg, status, reason, progress):
-    """``metrics.json`` of a run that did not finish: always valid JSON, saying why and where."""
+def _record_failure(run_dir, cfg, status, reason, progress, at=None):
+    """``metrics.json`` of a run that did not finish: always valid JSON, saying why and where (``at``:
+    a backup's state, where a resume would start, instead of ``progress``)."""
     from uniclr_tf import runs
+    epoch, step = (at["epoch"] + 1, at["step"]) if at else (progress.epoch + 1, progress.step)
+    if at is None and progress.step == progress.initial_step == 0 and status == "interrupted":
+        epoch, step = 1, 0
     runs.atomic_write_json(os.path.join(run_dir, "metrics.json"),
                            {"status": status, "reason": reason, "method": cfg.method, "epochs": cfg.epochs,
-                            "epoch": progress.epoch + 1, "step": progress.step})
+                            "epoch": epoch, "step": step})
+
+
+def _resume_note(state, epochs):
+    """`` (resuming at epoch E, step S)``, or what is left of a run whose epochs are all done."""
+    if not state:
+        return ""
+    if state["epoch"] >= epochs:
+        return f" (all {epochs} epochs done, step {state['step']}: resuming at the final stage)"
+    return f" (resuming at epoch {state['epoch'] + 1}, step {state['step']})"
+
+
+def _stop_after_one_epoch():
+    """A callback that ends ``fit`` after its first epoch: a resumed partial epoch runs with the real
+    ``epochs`` (so the progress bar says "Epoch 2/3", not "2/2") and stops there."""
+    import keras
+
+    class StopAfterEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = True
+    return StopAfterEpoch()
+
+
+def _after_training_phase(last, stopped):
+    """What a signal during the saves / final stage leaves (:func:`uniclr_tf.backup.set_phase`)."""
+    if last is None:
+        return "no backup yet: rerunning the same command starts the run"
+    where = f"the last backup is at epoch {last['epoch'] + 1 if stopped else last['epoch']}, step {last['step']}"
+    if stopped:
+        return f"{where}: rerun the same command to resume"
+    return (f"training is complete and backed up ({where}); the final stage (saves, kNN, pictures, export) is not: "
+            "rerun the same command to finish it")
 
 
 def main(argv):
@@ -592,15 +641,16 @@ def main(argv):
     from uniclr_tf.runs import RunFolderError
     try:
         cfg = config_from_flags()
-        run(cfg)
+        with backup.Interrupts(immediate=True):  # outside training a signal stops at once (training: a backup)
+            run(cfg)
     except backup.TrainingStopped as e:  # a backup is on disk; rerunning resumes
         print(str(e), flush=True)
         sys.exit(e.exit_code)
+    except backup.Interrupted as e:  # one true line of what is left, then 128 + N
+        print(f"\nreceived {e}: {backup.phase()}", flush=True)
+        sys.exit(e.exit_code)
     except (DataError, RunFolderError, backup.TrainingDiverged) as e:  # one line naming the culprit
         sys.exit(f"error: {e}")
-    except KeyboardInterrupt:  # a second Ctrl-C: stop at once
-        sys.exit("\ninterrupted; the last backup (if any) is in the run folder's backup/; rerun the same command "
-                 "to resume")
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES) or "space" in str(e):
             sys.exit(f"error: could not write {e.filename or 'a file'} ({e.strerror}); files written before are "
