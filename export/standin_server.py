@@ -17,7 +17,14 @@ instance; a bare value per instance for single-output signatures), columnar ones
 an unknown model or version), as TF Serving does; JSON numbers must fit the input dtype (1.5 or 300
 for a uint8 input are rejected, as TF Serving rejects them).
 
-It is NOT TF Serving: one model, one version loaded at start (no polling for new versions), no
+Hardened against load and bad requests as a stand-in must be (it still is no production server):
+a listen backlog of :data:`BACKLOG` connections, a body limit (``--max_body_mb``; 413 above it, 411
+without a ``Content-Length``), a read timeout of :data:`READ_TIMEOUT_S` per socket operation (a
+half-sent request does not hold a thread), and an HTTP error for every bad request (400 for bad
+JSON, too deep JSON, a bad ``Content-Length``, values of the wrong type: JSON ``true`` is not a
+number; 500 for a failure of the model).
+
+It is NOT TF Serving, which stays the production path (export/README.md): one model, one version loaded at start (no polling for new versions), no
 batching, no gRPC, no classify/regress, no ``{"b64": ...}`` values. Needs TensorFlow (not Keras).
 """
 
@@ -30,6 +37,14 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+
+#: Pending connections the listening socket queues (socketserver's default, 5, reset connections
+#: under a few hundred concurrent clients).
+BACKLOG = 1024
+#: Seconds a socket read or write may wait (a client that stops sending mid-request is dropped).
+READ_TIMEOUT_S = 10.0
+#: Default largest request body, in MB: JSON numbers take ~50x their size once parsed.
+MAX_BODY_MB = 16
 
 _PATH = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?(?P<rest>/metadata|:predict)?$")
 
@@ -68,8 +83,10 @@ def _to_array(value, spec, where):
                            f"have the same shape)")
     if array.size == 0:
         raise RequestError(f"{where}: empty input")
+    if dtype.kind != "b" and _holds_bool(value):  # JSON true / false are not numbers (NumPy would take 1 / 0)
+        raise RequestError(f"{where}: JSON value true/false is not of expected type: {dtype.name}")
     if np.issubdtype(dtype, np.integer):
-        if array.dtype.kind not in "biu":
+        if array.dtype.kind not in "iu":
             flat = array.reshape(-1)
             if array.dtype.kind == "f" and np.any(flat != np.round(flat)):
                 flat = flat[flat != np.round(flat)]
@@ -82,6 +99,18 @@ def _to_array(value, spec, where):
     elif np.issubdtype(dtype, np.floating) and array.dtype.kind not in "biuf":
         raise RequestError(f"{where}: expected numbers of type {dtype.name}; received {array.dtype}")
     return array.astype(dtype)
+
+
+def _holds_bool(value):
+    """Whether a parsed JSON value holds ``true`` or ``false`` anywhere (iterative: any depth)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, bool):
+            return True
+        if isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 class Servable:
@@ -186,9 +215,10 @@ class Servable:
         return {k: _to_array(v, specs[k], f"'inputs' input {k!r}") for k, v in columns.items()}
 
 
-def _handler(servable):
+def _handler(servable, max_body_bytes=MAX_BODY_MB << 20):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = READ_TIMEOUT_S  # socketserver sets it on the connection's socket
 
         def log_message(self, fmt, *args):  # quiet; TF Serving does not log each request either
             pass
@@ -212,15 +242,37 @@ def _handler(servable):
                 if method == "GET" and rest == "/metadata":
                     return self._reply(200, servable.metadata(name, version))
                 if method == "POST" and rest == ":predict":
-                    length = int(self.headers.get("Content-Length") or 0)
-                    try:
-                        body = json.loads(self.rfile.read(length) or b"null")
-                    except ValueError as e:
-                        raise RequestError(f"JSON Parse error: {e}")
-                    return self._reply(200, servable.predict(name, version, body))
+                    return self._reply(200, servable.predict(name, version, self._json_body()))
                 raise RequestError(f"Malformed request: {method} {self.path}", 404)
             except RequestError as e:
+                if e.status in (411, 413):  # the body was not read: this connection cannot go on
+                    self.close_connection = True
                 self._reply(e.status, {"error": str(e)})
+            except (TimeoutError, ConnectionError):
+                raise  # http.server drops the connection
+            except Exception as e:  # the model failed: still an HTTP answer, in one line
+                self._reply(500, {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"})
+
+        def _json_body(self):
+            """The request's JSON body, checked: a Content-Length, at most ``max_body_bytes``, JSON."""
+            text = self.headers.get("Content-Length")
+            if text is None:
+                raise RequestError("a POST body needs a Content-Length header", 411)
+            if not text.strip().isdigit():
+                raise RequestError(f"bad Content-Length header: {text!r}")
+            length = int(text)
+            if length > max_body_bytes:
+                raise RequestError(f"request body of {length} bytes is over the limit of {max_body_bytes} bytes "
+                                   "(--max_body_mb)", 413)
+            data = self.rfile.read(length)
+            if len(data) < length:
+                raise RequestError(f"request body ended after {len(data)} of {length} bytes")
+            try:
+                return json.loads(data or b"null")
+            except RecursionError:
+                raise RequestError("JSON Parse error: nested too deeply") from None
+            except ValueError as e:
+                raise RequestError(f"JSON Parse error: {e}") from None
 
         def do_GET(self):  # noqa: N802 (http.server's naming)
             self._route("GET")
@@ -231,13 +283,21 @@ def _handler(servable):
     return Handler
 
 
-class StandinServer:
-    """``with StandinServer(base_path) as server: ... server.url``: serves from a daemon thread."""
+class _HTTPServer(ThreadingHTTPServer):
+    """A thread per connection, a listen backlog of :data:`BACKLOG`."""
 
-    def __init__(self, model_base_path, model_name="uniclr", host="127.0.0.1", port=0):
-        self.servable = Servable(model_base_path, model_name)
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self.servable))
-        self.httpd.daemon_threads = True
+    request_queue_size = BACKLOG
+    daemon_threads = True
+
+
+class StandinServer:
+    """``with StandinServer(base_path) as server: ... server.url``: serves from a daemon thread.
+    ``servable``: an object with ``status`` / ``metadata`` / ``predict`` instead of loading one."""
+
+    def __init__(self, model_base_path, model_name="uniclr", host="127.0.0.1", port=0,
+                 max_body_mb=MAX_BODY_MB, servable=None):
+        self.servable = servable or Servable(model_base_path, model_name)
+        self.httpd = _HTTPServer((host, port), _handler(self.servable, int(max_body_mb * 2 ** 20)))
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
         self._thread = None
 
@@ -265,9 +325,10 @@ def main(argv=None):
     parser.add_argument("--model_name", default="uniclr")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8501, help="0 picks a free port")
+    parser.add_argument("--max_body_mb", type=float, default=MAX_BODY_MB, help="largest request body (413 above)")
     args = parser.parse_args(argv)
     try:
-        server = StandinServer(args.model_base_path, args.model_name, args.host, args.port)
+        server = StandinServer(args.model_base_path, args.model_name, args.host, args.port, args.max_body_mb)
     except (FileNotFoundError, OSError) as e:
         sys.exit(f"error: {e}")
     print(f"stand-in REST server for model {args.model_name!r} version {server.servable.version}: "

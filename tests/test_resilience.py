@@ -121,6 +121,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(runs):
     assert "stopped at epoch 2, step 5" in first.stdout and "Rerun the same command to resume" in first.stdout
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming at epoch 2, step 5" in second.stdout
+    assert "Epoch 2/3" in second.stdout and "Epoch 2/2" not in second.stdout  # the resumed epoch of 3
     a, b = h5_arrays(tmp_path / "whole" / "model.weights.h5"), h5_arrays(tmp_path / "cut" / "model.weights.h5")
     assert a.keys() == b.keys() and len(a) > 20
     for key in a:

@@ -28,6 +28,7 @@ ahead of the training step; a resumed TF run sees the same images in the same or
 random crops. The epoch-mean metrics of an epoch resumed mid-way cover the steps after the resume.
 """
 
+import errno
 import glob
 import json
 import math
@@ -42,6 +43,7 @@ from uniclr_tf import runs
 
 BACKUP_DIR = "backup"
 STATE_FILE = "state.json"
+STATE_KEY = "__state__"  # a weight file's own copy of its state (a resume without state.json)
 
 EXIT_PAUSED = 75  # EX_TEMPFAIL: stopped on purpose (--stop_after_steps); rerun the same command to continue
 
@@ -63,20 +65,94 @@ def state_path(run_dir):
 
 
 def latest(run_dir):
-    """The last consistent backup's state dict, or None when there is none."""
+    """The last intact backup's state dict, or None when the folder holds no backup at all.
+
+    The newest backup (``state.json``'s ``weights``) is checked (every array's CRC); when it is
+    damaged the one before (``previous``) is used, with one line saying so. A missing or unreadable
+    ``state.json`` beside weight files is recovered from the newest intact weight file's own record
+    (one line), never taken for a fresh start. What cannot be used is a :class:`runs.RunFolderError`
+    naming the file."""
+    folder = os.path.join(run_dir, BACKUP_DIR)
     path = state_path(run_dir)
+    weights = sorted(glob.glob(os.path.join(folder, "weights-*.npz")))
     if not os.path.exists(path):
-        return None
+        return _recover_without_state(run_dir, weights) if weights else None
+    where = f"run folder {run_dir!r}: {BACKUP_DIR}/{STATE_FILE}"
     try:
         with open(path) as f:
             state = json.load(f)
+        _check_state(state)
     except (OSError, ValueError) as e:
-        raise runs.RunFolderError(f"run folder {run_dir!r}: unreadable {BACKUP_DIR}/{STATE_FILE} ({e}); "
-                                  "pass --overwrite to start the run again") from None
-    if not os.path.exists(os.path.join(run_dir, BACKUP_DIR, state["weights"])):
-        raise runs.RunFolderError(f"run folder {run_dir!r}: {BACKUP_DIR}/{STATE_FILE} names {state['weights']}, "
-                                  "which is missing; pass --overwrite to start the run again")
-    return state
+        recovered = _recover_without_state(run_dir, weights, f"unreadable ({e})") if weights else None
+        if recovered is None:
+            raise runs.RunFolderError(f"{where} is unreadable ({e}); pass --overwrite to start the run "
+                                      "again") from None
+        return recovered
+    problem = _damage(os.path.join(folder, state["weights"]))
+    if problem is None:
+        return state
+    previous = state.get("previous")
+    if previous and _damage(os.path.join(folder, previous["weights"])) is None:
+        print(f"warning: {BACKUP_DIR}/{state['weights']} is {problem}; resuming from the backup before it, "
+              f"{previous['weights']} (epoch {previous['epoch'] + 1}, step {previous['step']})", flush=True)
+        return {**previous, "previous": None}
+    raise runs.RunFolderError(f"run folder {run_dir!r}: {BACKUP_DIR}/{state['weights']} is {problem}, and no "
+                              "earlier backup is intact; pass --overwrite to start the run again")
+
+
+def _check_state(state):
+    """Raises ValueError unless ``state`` has what a resume needs."""
+    if not isinstance(state, dict):
+        raise ValueError("not a JSON object")
+    for key in ("epoch", "step", "weights"):
+        if key not in state:
+            raise ValueError(f"no {key!r} entry")
+    if not isinstance(state["weights"], str) or "/" in state["weights"]:
+        raise ValueError(f"bad 'weights' entry {state['weights']!r}")
+
+
+def _damage(path):
+    """Why the weight file at ``path`` cannot be restored (missing, empty, truncated, a bad CRC), or
+    None when it is intact. Reads the whole file (every member's CRC is checked)."""
+    import zipfile
+    if not os.path.exists(path):
+        return "missing"
+    if os.path.getsize(path) == 0:
+        return "empty (0 bytes)"
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        if bad is not None:
+            return f"damaged (bad CRC in {bad})"
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        return f"damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
+
+
+def _embedded_state(path):
+    """The state a weight file records of itself (``__state__``), or None (older files have none)."""
+    try:
+        with np.load(path) as data:
+            if STATE_KEY not in data.files:
+                return None
+            state = json.loads(str(data[STATE_KEY]))
+        _check_state(state)
+        return state
+    except Exception:  # a damaged file: not usable
+        return None
+
+
+def _recover_without_state(run_dir, weights, why="missing"):
+    """The newest intact weight file's own record when ``state.json`` is ``why`` (one line), else
+    a RunFolderError naming the file."""
+    for path in reversed(weights):
+        state = _embedded_state(path) if _damage(path) is None else None
+        if state is not None:
+            print(f"warning: {BACKUP_DIR}/{STATE_FILE} is {why}; resuming from {os.path.basename(path)} (epoch "
+                  f"{state['epoch'] + 1}, step {state['step']}), which records its own state", flush=True)
+            return {**state, "weights": os.path.basename(path), "previous": None}
+    raise runs.RunFolderError(f"run folder {run_dir!r}: {BACKUP_DIR}/{STATE_FILE} is {why} and no weight file in "
+                              f"{BACKUP_DIR}/ records its own state; pass --overwrite to start the run again")
 
 
 def _variables(model):
@@ -212,23 +288,51 @@ def to_host(values, pause=0.0):
 
 
 def write(run_dir, values, epoch, step, reason):
-    """Writes a snapshot as the run's backup, atomically; returns its state dict."""
+    """Writes a snapshot as the run's backup, atomically; returns its state dict.
+
+    The new weight file is read back and checked before ``state.json`` names it; the backup before
+    it stays on disk (``state.json``'s ``previous``) until a newer one replaces it, so a damaged
+    latest file still leaves one to resume from. Older weight files are removed last."""
     folder = os.path.join(run_dir, BACKUP_DIR)
     os.makedirs(folder, exist_ok=True)
     name = f"weights-{step:09d}.npz"
-
-    def save_npz(tmp):
-        with open(tmp, "wb") as f:
-            np.savez(f, **{f"{i:05d}|{path}": value for i, (path, value) in enumerate(values)})
-
-    runs.atomic_save(os.path.join(folder, name), save_npz)
     state = {"epoch": int(epoch), "step": int(step), "weights": name, "reason": reason,
              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    runs.atomic_write_json(os.path.join(folder, STATE_FILE), state)
+
+    def save_npz(tmp):
+        arrays = {f"{i:05d}|{path}": value for i, (path, value) in enumerate(values)}
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays, **{STATE_KEY: np.array(json.dumps(state))})
+        problem = _damage(tmp)
+        if problem is not None:  # never name a file that does not read back
+            raise OSError(errno.EIO, f"the backup read back {problem}", tmp)
+
+    runs.atomic_save(os.path.join(folder, name), save_npz)
+    previous = _previous_backup(run_dir, name)
+    runs.atomic_write_json(os.path.join(folder, STATE_FILE), {**state, "previous": previous})
+    keep = {name, previous["weights"] if previous else None}
     for old in glob.glob(os.path.join(folder, "weights-*.npz")):
-        if os.path.basename(old) != name:
+        if os.path.basename(old) not in keep:
             os.remove(old)
     return state
+
+
+def _previous_backup(run_dir, name):
+    """The state (without its own ``previous``) of the backup that ``state.json`` names now, if it is
+    another intact file: the one kept besides the new ``name``."""
+    try:
+        with open(state_path(run_dir)) as f:
+            state = json.load(f)
+        _check_state(state)
+    except (OSError, ValueError):
+        return None
+    if _damage(os.path.join(run_dir, BACKUP_DIR, state["weights"])) is not None:  # the one before it, if intact
+        state = state.get("previous") or {}
+        if "weights" not in state or _damage(os.path.join(run_dir, BACKUP_DIR, state["weights"])) is not None:
+            return None
+    if state["weights"] == name:
+        return None
+    return {k: state[k] for k in ("epoch", "step", "weights", "reason") if k in state}
 
 
 def restore(model, run_dir, state):
@@ -237,7 +341,7 @@ def restore(model, run_dir, state):
         model.optimizer.build(model.trainable_variables)
     path = os.path.join(run_dir, BACKUP_DIR, state["weights"])
     with np.load(path) as data:
-        keys = sorted(data.files)
+        keys = sorted(k for k in data.files if k != STATE_KEY)
         variables = _variables(model)
         saved = [k.split("|", 1)[1] for k in keys]
         if saved != [v.path for v in variables]:
@@ -254,11 +358,12 @@ class Writer:
     thread, one at a time; an error (a full disk, non-finite weights) is raised by the next call.
     ``wait`` blocks until the last write is on disk."""
 
-    def __init__(self, run_dir, method=None, enabled=True):
+    def __init__(self, run_dir, method=None, enabled=True, last=None):
+        """``last``: the state of the backup the run resumed from (None: a new run)."""
         self.run_dir, self.method, self.enabled = run_dir, method, enabled
         self._thread = None
         self._error = None
-        self.last = latest(run_dir) if os.path.isdir(run_dir) else None
+        self.last = last
 
     def _run(self, values, epoch, step, reason, after=None, pause=0.0):
         try:
@@ -326,17 +431,46 @@ def divergence_message(epoch, step, terms, weights=(), method=None):
             "The last finite backup is kept; rerun with a changed flag and --overwrite")
 
 
-class Interrupts:
-    """Turns SIGTERM and SIGINT into a request to stop at the next step boundary (a second Ctrl-C
-    stops at once). A context manager; handlers are installed in the main thread only."""
+class Interrupted(BaseException):
+    """Raised by :class:`Interrupts` where waiting for a step boundary is not possible: outside
+    training (``immediate``), or on a second SIGINT. A ``BaseException``, as ``KeyboardInterrupt``,
+    so that no ``except Exception`` on the way swallows it. ``exit_code`` is 128 + the signal."""
 
-    def __init__(self):
+    def __init__(self, signum, twice=False):
+        self.signum, self.twice = signum, twice
+        self.exit_code = 128 + int(signum)
+        super().__init__(signal.Signals(signum).name + (" twice" if twice else ""))
+
+
+#: What a stop outside training leaves (said by the train CLI's line); set by ``train.run`` as it goes.
+_phase = {"where": "before training started; nothing was saved by this invocation"}
+
+
+def set_phase(where):
+    """Says what a signal arriving now would leave behind (the train CLI prints it)."""
+    _phase["where"] = where
+
+
+def phase():
+    return _phase["where"]
+
+
+class Interrupts:
+    """Turns SIGTERM and SIGINT into a request to stop at the next step boundary (a second SIGINT
+    raises :class:`Interrupted` at once). With ``immediate``, every such signal raises
+    :class:`Interrupted` at once (outside training: loading, building, the final evaluation). A
+    context manager; handlers are installed in the main thread only, and the previous ones restored."""
+
+    def __init__(self, immediate=False):
         self.signal = None
+        self.immediate = immediate
         self._previous = {}
 
     def _handle(self, signum, frame):
+        if self.immediate:
+            raise Interrupted(signum)
         if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            raise Interrupted(signum, twice=True)
         self.signal = signum
         print(f"\nreceived {signal.Signals(signum).name}: saving a backup at the next step boundary "
               "(Ctrl-C again to stop at once)", flush=True)
@@ -391,9 +525,15 @@ class BackupCallback(keras.callbacks.Callback):
     is on disk before the backup is.
     """
 
+    #: Divergence inside an epoch: the epoch's running loss means are read every this many steps, at
+    #: most every :attr:`check_min_s` seconds (a host fetch of a few scalars: never one per step).
+    check_every_steps = 10
+    check_min_s = 0.5
+
     def __init__(self, writer, progress, every_s=600.0, stop_after_steps=0, interrupts=None, method=None,
                  before_write=None):
         super().__init__()
+        self._last_check = time.monotonic()
         self.writer, self.progress = writer, progress
         self.before_write = before_write
         self.every_s, self.stop_after_steps = float(every_s), int(stop_after_steps)
@@ -425,12 +565,27 @@ class BackupCallback(keras.callbacks.Callback):
         elif self.stop_after_steps and p.step - p.initial_step >= self.stop_after_steps:
             reason = "stop_after_steps"
         elif time.monotonic() - self._last_save >= self.every_s and not self.writer.busy:
+            self._check_divergence(batch)
             self._backup("time")
             return
         else:
+            self._check_divergence(batch)
             return
         self._backup(reason, background=False)
         raise StopTraining(reason)
+
+    def _check_divergence(self, batch):
+        """Raises :class:`TrainingDiverged` when the epoch's running mean of a loss term is non-finite
+        (one non-finite step makes it so), every :attr:`check_every_steps` steps. Reads the metric
+        trackers' ``total`` variables on the host (no ``keras.ops``: no compile on JAX)."""
+        if not batch or batch % self.check_every_steps or time.monotonic() - self._last_check < self.check_min_s:
+            return
+        self._last_check = time.monotonic()
+        bad = [m.name for m in self.model.metrics
+               if hasattr(m, "total") and not np.all(np.isfinite(keras.ops.convert_to_numpy(m.total.value)))]
+        if bad:
+            p = self.progress
+            raise TrainingDiverged(divergence_message(p.epoch + 1, p.step, bad, method=self.method))
 
     def on_epoch_end(self, epoch, logs=None):
         p = self.progress

@@ -54,6 +54,7 @@ class TrainConfig:
     eval_dataset: str = ""  # the test split from another spec ("": the dataset's own)
     holdout_fraction: float = 0.1  # held out for test when there is no test split nor --eval_dataset
     max_in_memory_mb: int = 256  # folder: decoded into memory up to this size, streamed above (0: always)
+    max_image_pixels: int = 0  # folder: a file of more pixels is a bad file (0: data.decode.MAX_PIXELS)
     # network
     encoder: str = "resnet18"
     encoder_width: int = 0  # 0: the architecture's default
@@ -139,6 +140,7 @@ class TrainConfig:
               "empty (the dataset's own test split) or " + " | ".join(SPEC_FORMS))
         check(0 < self.holdout_fraction <= 0.5, "holdout_fraction", "a fraction in (0, 0.5]")
         check(self.max_in_memory_mb >= 0, "max_in_memory_mb", "a number of MB >= 0 (0: always stream)")
+        check(self.max_image_pixels >= 0, "max_image_pixels", "a number of pixels >= 0 (0: the default)")
         check(self.method in methods.REGISTRY, "method", f"one of {methods.names()}")
         check(self.encoder in ENCODERS, "encoder", f"one of {ENCODERS}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")

@@ -45,6 +45,7 @@ Only NumPy (and the standard-library :mod:`uniclr_tf.runs`) is imported at modul
 """
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -314,7 +315,7 @@ def export_run(run_dir, out_dir, version=None, overwrite=False):
     saved_model_dir = out_dir if version is None else os.path.join(out_dir, str(version))
     meta = _export_meta(run_dir, out_dir, saved_model_dir, version, encoder, projector, preprocess,
                         info, config, keras.__version__, tf.__version__)
-    with staging_folder(saved_model_dir) as (staging, dest):
+    with staging_folder(saved_model_dir) as (staging, dest), _disk_errors(saved_model_dir):
         archive = keras.export.ExportArchive()
         archive.track(encoder)
         archive.track(projector)
@@ -330,6 +331,27 @@ def export_run(run_dir, out_dir, version=None, overwrite=False):
         atomic_save(os.path.join(out_dir, BACKBONE_FILE), lambda tmp: encoder.save(tmp))
         atomic_write_json(os.path.join(out_dir, EXPORT_JSON), meta)
     return meta
+
+
+@contextlib.contextmanager
+def _disk_errors(path):
+    """TensorFlow's file errors while writing ``path`` as the ``OSError`` they are (a full disk:
+    ``ResourceExhaustedError``), so that callers say them in one line like any other failed write."""
+    import tensorflow as tf
+    try:
+        yield
+    except tf.errors.OpError as e:
+        text = _first_line(e.message)
+        if isinstance(e, tf.errors.ResourceExhaustedError) or "space left" in text.lower():
+            raise OSError(errno.ENOSPC, "No space left on device", path) from None
+        if isinstance(e, tf.errors.PermissionDeniedError):
+            raise OSError(errno.EACCES, "Permission denied", path) from None
+        raise
+
+
+def _first_line(text):
+    text = str(text).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def _export_meta(run_dir, out_dir, saved_model_dir, version, encoder, projector, preprocess, info, config,
@@ -394,7 +416,11 @@ def check_export(export_dir, run_dir, num_images=8, seed=0, tolerance=DEFAULT_TO
     saved_model_dir = find_saved_model(export_dir)
     encoder, projector, preprocess, info = load_run(run_dir)
     height, width, channels = info["image_shape"]
-    loaded = tf.saved_model.load(saved_model_dir)
+    try:
+        loaded = tf.saved_model.load(saved_model_dir)
+    except Exception as e:  # a missing variables/ folder, a damaged file: say which, in one line
+        raise ValueError(f"{saved_model_dir}: cannot load the SavedModel ({type(e).__name__}: "
+                         f"{_first_line(getattr(e, 'message', e))})") from None
     if SIGNATURE not in loaded.signatures:
         raise ValueError(f"{saved_model_dir} has no {SIGNATURE!r} signature; it has {list(loaded.signatures)}")
     serve = loaded.signatures[SIGNATURE]
@@ -489,7 +515,7 @@ def main(argv):
             print(f"backbone for fine-tuning: {os.path.join(fv.out, BACKBONE_FILE)}; "
                   f"metadata: {os.path.join(fv.out, EXPORT_JSON)}")
     except (OSError, ValueError, RuntimeError) as e:
-        sys.exit(f"error: {e}")
+        sys.exit(f"error: {_first_line(e)}")
 
 
 def entry_point():

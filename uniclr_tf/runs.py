@@ -28,11 +28,19 @@ import json
 import math
 import os
 import re
+import shutil
+import socket
 import threading
+import time
 
 import numpy as np
 
 CONFIG_FILE = "config.json"
+#: Written first into every run folder: what ``--overwrite`` recognises as a run of this tool.
+MARKER_FILE = ".uniclr_run"
+#: Held (``fcntl.flock``) by the one process that trains into the folder; it names that process.
+LOCK_FILE = ".lock"
+METRICS_FILE = "metrics.json"
 DATASET_FILE = "dataset.json"
 ENCODER_FILE = "encoder.keras"
 PROJECTOR_FILE = "projector.keras"
@@ -102,10 +110,21 @@ class RunFolder:
     def require(self, *names):
         """Raises :class:`RunFolderError` naming every file of ``names`` that is missing."""
         missing = [n for n in names if not self.has(n)]
+        if missing and self._status() == "diverged":  # rerunning its command would diverge again
+            raise RunFolderError(f"run folder {self.path!r}: missing {', '.join(missing)}: the run diverged "
+                                 f"({METRICS_FILE}); train it again with a changed flag and --overwrite")
         if missing:
             why = "; ".join(f"{n}: {PRODUCERS[n]}" for n in missing if n in PRODUCERS)
             raise RunFolderError(f"run folder {self.path!r}: missing {', '.join(missing)}"
                                  + (f" ({why})" if why else " (expected a run folder written by uniclr_tf.train)"))
+
+    def _status(self):
+        """``metrics.json``'s status, or None when it is missing or unreadable."""
+        try:
+            with open(self.file(METRICS_FILE)) as f:
+                return json.load(f).get("status")
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def error(self, name, problem):
         """A :class:`RunFolderError` about file ``name``: ``problem``, plus what writes the file."""
@@ -233,6 +252,98 @@ class RunFolder:
 
 
 # ---------------------------------------------------------------------------------------------
+# Where a run lives, whose it is, and who holds it
+
+
+def run_folder_path(run_dir, run_name):
+    """``<run_dir>/<run_name>``, refusing a name that would leave ``run_dir``: ``..``, an absolute
+    path, a path with a separator, or a symbolic link (so nothing outside ``run_dir`` is ever
+    written to, or removed by ``--overwrite``)."""
+    if (not run_name or run_name in (".", "..") or os.path.isabs(run_name)
+            or "/" in run_name or (os.altsep and os.altsep in run_name) or "\0" in run_name):
+        raise RunFolderError(f"--run_name={run_name}: expected a plain folder name inside --run_dir "
+                             "(no '/', '..' or absolute path)")
+    path = os.path.join(run_dir, run_name)
+    if os.path.islink(path):
+        raise RunFolderError(f"--run_name={run_name}: {path} is a symbolic link; a run folder must be a real "
+                             "folder inside --run_dir")
+    return path
+
+
+def is_run_folder(path):
+    """Whether ``path`` holds a run of this tool: its marker file, or (runs written before the marker)
+    both ``config.json`` and ``flags.txt``."""
+    has = lambda name: os.path.isfile(os.path.join(path, name))  # noqa: E731
+    return has(MARKER_FILE) or (has(CONFIG_FILE) and has("flags.txt"))
+
+
+def clear_run_folder(path):
+    """Empties the run folder ``path`` for ``--overwrite`` (its lock file stays: it is held), refusing
+    (one line) a folder that holds no run of this tool."""
+    if not is_run_folder(path):
+        raise RunFolderError(f"--overwrite: {path} holds no run of uniclr_tf.train ({MARKER_FILE} or config.json + "
+                             "flags.txt missing); refusing to delete it: remove it yourself or choose another "
+                             "--run_name")
+    for name in os.listdir(path):
+        if name == LOCK_FILE:
+            continue
+        entry = os.path.join(path, name)
+        if os.path.isdir(entry) and not os.path.islink(entry):
+            shutil.rmtree(entry)
+        else:
+            os.remove(entry)
+
+
+def mark_run_folder(path):
+    """Writes the marker that makes ``path`` a run folder of this tool (for ``--overwrite``)."""
+    if not os.path.isfile(os.path.join(path, MARKER_FILE)):
+        atomic_write_text(os.path.join(path, MARKER_FILE), "uniclr_tf.train run folder\n")
+
+
+class RunLock:
+    """An exclusive ``fcntl.flock`` on ``<folder>/.lock``: one process trains into a run folder at a
+    time. The kernel drops the lock when its process ends, however it ends (``kill -9`` included), so
+    a crash never leaves it stuck. The file names its holder (pid, host, start time) for the refusal
+    message. ``release`` (or leaving the ``with`` block) unlocks; the file stays."""
+
+    def __init__(self, folder):
+        import fcntl
+        self.path = os.path.join(folder, LOCK_FILE)
+        os.makedirs(folder, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = self._holder()
+            os.close(self._fd)
+            self._fd = None
+            raise RunFolderError(f"run folder {folder!r} is in use by {holder} ({self.path}); wait for it to end "
+                                 "or stop it, or choose another --run_name") from None
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, (f"pid {os.getpid()} on {socket.gethostname()}, "
+                            f"since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n").encode())
+
+    def _holder(self):
+        try:
+            text = os.pread(self._fd, 512, 0).decode(errors="replace").strip()
+        except OSError:
+            text = ""
+        return f"another process ({text})" if text else "another process"
+
+    def release(self):
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
 # Atomic writes
 
 
@@ -254,13 +365,22 @@ def _temp_path(path):
 
 
 _TEMP_NAME = re.compile(r"\.tmp-\d+-\d+")  # what _temp_path names
+#: The temporary folders of a folder write (``export.staging_folder``: ``.NAME.tmp-<12 hex>``; and the
+#: ``.NAME.old-<12 hex>`` that ``export.replace_dir`` moves an old folder to).
+_TEMP_DIR_NAME = re.compile(r"^\..+\.(tmp|old)-[0-9a-f]{12}$")
 
 
 def remove_temporaries(folder):
-    """Removes the temporary files that atomic writes of an earlier process, killed mid-write, left
-    in ``folder`` and below (a resumed run's folder, before anything writes to it); returns their paths."""
+    """Removes the temporary files and folders that writes of an earlier process, killed mid-write,
+    left in ``folder`` and below (a resumed run's folder, before anything writes to it); returns
+    their paths."""
     removed = []
-    for root, _, files in os.walk(folder):
+    for root, dirs, files in os.walk(folder):
+        for name in list(dirs):
+            if _TEMP_DIR_NAME.match(name):
+                dirs.remove(name)
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                removed.append(os.path.join(root, name))
         for name in files:
             if _TEMP_NAME.search(name):
                 path = os.path.join(root, name)

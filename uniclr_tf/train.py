@@ -23,7 +23,6 @@ import dataclasses
 import errno
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -44,6 +43,8 @@ HELP = {
                     "--dataset then trains on all its images. Empty: --dataset's own test split.",
     "holdout_fraction": "Fraction of the training data (per class for folders) held out as the test split when "
                         "--dataset has none and no --eval_dataset is given; in (0, 0.5].",
+    "max_image_pixels": "folder: datasets: an image file of more pixels (height x width, read from its header "
+                        "before decoding) is a bad file (a decompression bomb); 0: the default, 89,478,485.",
     "max_in_memory_mb": "folder: datasets whose decoded images (N x H x W x 3 bytes) fit in this many MB are decoded "
                         "into memory at load (faster epochs; needed without TensorFlow); larger ones stream from disk "
                         "through tf.data. 0: always stream.",
@@ -101,12 +102,14 @@ HELP = {
                            "Callbacks, the progress bar and signal checks then see every K-th step.",
     "seed": "Random seed.",
     "run_dir": "Parent folder of run folders.",
-    "run_name": "Run folder name (empty: <method>-<dataset>-<timestamp>).",
+    "run_name": "Run folder name inside --run_dir (empty: <method>-<dataset>, so rerunning the same command "
+                "resumes it); a plain name: no '/', '..', absolute path or symbolic link.",
     "export": "Export a SavedModel of the encoder into <run>/export at the end (TF backend).",
     "coordinator_address": "JAX multi-controller job: process 0's HOST:PORT (else $KERAS_DISTRIBUTION_JOB_ADDRESSES).",
     "num_processes": "JAX multi-controller job: number of processes (0: $KERAS_DISTRIBUTION_NUM_PROCESSES or 1).",
     "process_id": "JAX multi-controller job: this process's index (-1: $KERAS_DISTRIBUTION_PROCESS_ID).",
-    "overwrite": "Start the run again in a run folder that holds one (its files are removed first).",
+    "overwrite": "Start the run again in a run folder that holds one (its files are removed first); a folder that "
+                 "holds no run of this tool is never removed.",
     "pictures": "At the end, write views.png (augmented views), neighbours.png (nearest training images of test "
                 "images in feature space) and embedding.png (t-SNE map), and the same to TensorBoard.",
     "stop_after_steps": "Stop after this many steps of this invocation with a backup, as a preempted job would "
@@ -207,8 +210,9 @@ def build_optimizer(cfg, steps_per_epoch):
 def run_path(cfg):
     """The run folder: ``<run_dir>/<run_name>``, by default ``<method>-<dataset>`` (so rerunning the
     same command finds the same folder and resumes it)."""
+    from uniclr_tf import runs
     name = cfg.run_name or f"{cfg.method}-{cfg.dataset.replace(':', '_').replace('/', '_')}"
-    return os.path.join(cfg.run_dir, name)
+    return runs.run_folder_path(cfg.run_dir, name)
 
 
 def check_writable(folder):
@@ -224,20 +228,24 @@ def check_writable(folder):
 def prepare_run_folder(cfg, run_dir):
     """Decides what to do with ``run_dir``: returns ``("new", None)``, ``("resume", state or None)`` or
     ``("finished", metrics)``; raises ValueError when it holds a run with other flags (unless
-    ``--overwrite``, which removes it first)."""
-    from uniclr_tf import backup
-    if not os.path.isdir(run_dir) or not os.listdir(run_dir):
+    ``--overwrite``, which empties it first) or files that are not a run of this tool (always).
+    The caller holds the folder's lock (:class:`uniclr_tf.runs.RunLock`)."""
+    from uniclr_tf import backup, runs
+    if not os.path.isdir(run_dir) or not set(os.listdir(run_dir)) - {runs.LOCK_FILE}:
         return "new", None
+    if not runs.is_run_folder(run_dir):
+        raise ValueError(f"--run_name: {run_dir} exists and holds files that are not a run of uniclr_tf.train "
+                         "(no config.json + flags.txt); choose another --run_name or --run_dir")
     if cfg.overwrite:
-        shutil.rmtree(run_dir)
+        runs.clear_run_folder(run_dir)
         return "new", None
     config_path = os.path.join(run_dir, "config.json")
     try:
         with open(config_path) as f:
             old = TrainConfig.from_json(f.read())
     except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"--run_name: {run_dir} exists but holds no readable run (config.json: {e}); pass "
-                         "--overwrite to replace it, or another --run_name") from None
+        raise ValueError(f"--run_name: {run_dir} holds a run whose config.json is unreadable ({e}); pass "
+                         "--overwrite to start it again, or another --run_name") from None
     diffs = cfg.differences(old)
     if diffs:
         listed = "; ".join(f"--{k}: {b!r} in the folder, {a!r} now" for k, a, b in diffs[:8])
@@ -250,6 +258,13 @@ def prepare_run_folder(cfg, run_dir):
             metrics = json.load(f)
         if metrics.get("status", "finished") == "finished":
             return "finished", metrics
+        if metrics.get("status") == "collapsed":  # the same flags would collapse again
+            from uniclr_tf.callbacks import TrainingCollapsed
+            raise TrainingCollapsed(
+                f"run folder {run_dir}: this run collapsed ({metrics.get('reason', 'see metrics.json')}); rerunning "
+                "the same flags would collapse again: restart from its last healthy backup with other flags "
+                f"(--resume_from={os.path.join(run_dir, 'healthy')} --run_name=NEW_NAME), or --overwrite",
+                metrics.get("epoch"), metrics.get("signal"), metrics.get("healthy_epoch"))
     return "resume", backup.latest(run_dir)
 
 
@@ -299,7 +314,14 @@ def run(cfg):
 
     Raises :class:`uniclr_tf.backup.TrainingStopped` when it stopped early with a backup (a signal,
     ``--stop_after_steps``) and :class:`uniclr_tf.backup.TrainingDiverged` on a non-finite loss or weight.
+    Process 0 holds the run folder's lock (:class:`uniclr_tf.runs.RunLock`) until it returns.
     """
+    with contextlib.ExitStack() as held:
+        return _run(cfg, held)
+
+
+def _run(cfg, held):
+    """:func:`run`; ``held`` (an ``ExitStack``) keeps the run folder's lock until the run ends."""
     import keras
     from uniclr_tf import backup, data, distribute, runs
     from uniclr_tf.augment import EvalPreprocess
@@ -307,6 +329,7 @@ def run(cfg):
                                      TrainingCollapsed)
     from uniclr_tf.evaluation import knn_eval, raw_pixel_knn
 
+    backup.set_phase("before training started; nothing was saved by this invocation: rerun the same command")
     if cfg.export and keras.backend.backend() != "tensorflow":
         raise ValueError("--export writes a TF SavedModel and needs KERAS_BACKEND=tensorflow; train under "
                          f"{keras.backend.backend()!r}, then run `python -m uniclr_tf.export` with the TF backend")
@@ -328,12 +351,15 @@ def run(cfg):
     info = data.load_dataset(cfg.dataset, image_size=cfg.image_size or None, data_dir=cfg.data_dir or None,
                              skip_bad_files=cfg.skip_bad_files, max_examples=cfg.max_examples or None,
                              eval_spec=cfg.eval_dataset or None, holdout_fraction=cfg.holdout_fraction,
-                             max_in_memory_mb=cfg.max_in_memory_mb)
+                             max_in_memory_mb=cfg.max_in_memory_mb, max_image_pixels=cfg.max_image_pixels or None)
     if chief:  # where the test split comes from, what is held out, whether the data streams
         for note in info.notes:
             print(note, flush=True)
     size = cfg.image_size or info.image_shape[0]
     num_train = min(info.num_train, cfg.max_examples or info.num_train)
+    if num_train < cfg.batch_size:  # every batch would repeat images (a contrastive batch then holds duplicates)
+        raise ValueError(f"--batch_size={cfg.batch_size}: {cfg.dataset} has only {num_train} training images, fewer "
+                         "than one batch; lower --batch_size or add images")
     steps_per_epoch = cfg.steps_per_epoch or max(num_train // cfg.batch_size, 1)
     cfg = dataclasses.replace(cfg, steps_per_epoch=steps_per_epoch)
     if cfg.steps_per_execution > 1 and steps_per_epoch % cfg.steps_per_execution:
@@ -357,6 +383,7 @@ def run(cfg):
     # Process 0 decides (and may --overwrite) and writes the run's files; then the others read the
     # same folder (shared storage) and reach the same decision.
     if chief:
+        held.enter_context(runs.RunLock(run_dir))  # one process at a time; the others see who holds it
         status, found = prepare_run_folder(cfg, run_dir)
         if status != "new":  # what a process killed mid-write (kill -9) left behind
             runs.remove_temporaries(run_dir)
@@ -426,7 +453,7 @@ def run(cfg):
     history = HistoryRecorder(run_dir, title=f"{cfg.method} · {os.path.basename(run_dir)} · {cfg.dataset}",
                               reference={"raw-pixel kNN top-1": raw["top1"]} if raw else None,
                               epochs=_read_history(run_dir, completed_epochs) if chief else ())
-    writer = backup.Writer(run_dir, method=cfg.method, enabled=chief)
+    writer = backup.Writer(run_dir, method=cfg.method, enabled=chief, last=state)
     with backup.Interrupts() as interrupts:
         saver = backup.BackupCallback(writer, progress, every_s=60.0 * cfg.backup_every_minutes,
                                       stop_after_steps=cfg.stop_after_steps, interrupts=interrupts,
@@ -443,8 +470,7 @@ def run(cfg):
             callbacks.append(CollapseDetector(int(cfg.projector_dims[-1]), raw["top1"] if raw else None,
                                               cfg.warmup_epochs, on_collapse, run_dir, writer))
         verbose = cfg.verbose or (1 if sys.stdout.isatty() else 2)
-        print(f"run folder: {run_dir}" + (f" (resuming at epoch {completed_epochs + 1}, step {initial_step})"
-                                          if state else "")
+        print(f"run folder: {run_dir}" + _resume_note(state, cfg.epochs)
               + f"\nmethod: {method!r}, logging {', '.join(method.terms)}\n"
               f"{cfg.dataset}: {num_train} training images {tuple(info.image_shape)}, "
               f"{steps_per_epoch} steps/epoch of batch {cfg.batch_size}, backend {keras.backend.backend()}",
@@ -457,9 +483,10 @@ def run(cfg):
             epoch = initial_step // steps_per_epoch
             if initial_step % steps_per_epoch:  # resumed mid-epoch: finish that epoch first
                 # (a multiple of --steps_per_execution: backups happen between blocks, which divide an epoch)
-                model.fit(train_data(initial_step), initial_epoch=epoch, epochs=epoch + 1,
+                # epochs=cfg.epochs, stopped after this one: the progress bar says "Epoch E/<epochs>"
+                model.fit(train_data(initial_step), initial_epoch=epoch, epochs=cfg.epochs,
                           steps_per_epoch=steps_per_epoch - initial_step % steps_per_epoch,
-                          callbacks=callbacks, verbose=verbose)
+                          callbacks=callbacks + [_stop_after_one_epoch()], verbose=verbose)
                 epoch += 1
             if epoch < last_epoch:
                 model.fit(train_data(epoch * steps_per_epoch), initial_epoch=epoch, epochs=last_epoch,
@@ -477,6 +504,15 @@ def run(cfg):
             _record_failure(run_dir, cfg, "collapsed", str(e), progress, signal=e.signal,
                             healthy_epoch=e.healthy_epoch)
             raise
+        except backup.Interrupted as e:  # a second SIGINT: stopped at once, between two backups
+            writer.wait(raise_error=False)  # a backup being written is finished first
+            last = writer.last
+            backup.set_phase("stopped at once, no backup of this step; " + (
+                f"the last backup is at epoch {last['epoch'] + 1}, step {last['step']}: rerun the same command to "
+                "resume from it" if last else "no backup yet: rerunning the same command starts over"))
+            if chief:
+                _record_failure(run_dir, cfg, "interrupted", f"{e} (stopped at once)", progress, last)
+            raise
         except Exception as e:
             if "Cholesky" in str(e) or "NaN" in str(e):  # TF raises inside the step on a NaN covariance
                 message = backup.divergence_message(progress.epoch + 1, progress.step, ["covariance (Cholesky)"],
@@ -488,6 +524,7 @@ def run(cfg):
             writer.wait(raise_error=False)
             history.wait()
         train_seconds = time.perf_counter() - start
+    backup.set_phase(_after_training_phase(writer.last, stopped))
 
     # Saving a model of a multi-process job is collective (every process calls it, in the same
     # order; each writes its own temporary file and the identical results are renamed into place).
@@ -498,7 +535,10 @@ def run(cfg):
         runs.atomic_save(os.path.join(run_dir, "projector.keras"), model.projector.save)
         if chief:
             _record_failure(run_dir, cfg, "interrupted", stopped, progress)
-        last = writer.last or {"epoch": progress.step // steps_per_epoch, "step": progress.step}
+        last = writer.last
+        if last is None:  # stopped before its first step: nothing to back up
+            raise backup.TrainingStopped(f"stopped before the first step ({stopped}); no backup was needed. Rerun "
+                                         "the same command to start the run.", code)
         raise backup.TrainingStopped(
             f"stopped at epoch {last['epoch'] + 1}, step {last['step']} ({stopped}); backup saved in "
             f"{os.path.join(run_dir, backup.BACKUP_DIR)}. Rerun the same command to resume.", code)
@@ -544,10 +584,10 @@ def run(cfg):
                 tensorboard=data.have_tensorflow(), batch_size=2048)  # the kNN's batch: its compiled features
         metrics["pictures"] = {k: os.path.basename(v) for k, v in drawn.items()}
         print("pictures: " + "  ".join(v for k, v in drawn.items() if k in ("views", "neighbours", "embedding")))
-    runs.atomic_write_json(os.path.join(run_dir, "metrics.json"), metrics)
-    if cfg.export:
+    if cfg.export:  # before metrics.json: "finished" is written last, after every artefact asked for
         from uniclr_tf.export import export_run
         export_run(run_dir, os.path.join(run_dir, "export"), overwrite=True)
+    runs.atomic_write_json(os.path.join(run_dir, "metrics.json"), metrics)
     distribute.barrier("run finished", num_processes, strategy)
     return run_dir, metrics
 
@@ -581,6 +621,7 @@ def _write_run_files(run_dir, cfg, augmenter, info, size):
     """``flags.txt`` (replayable), ``config.json`` (with the view recipe used) and ``dataset.json``."""
     from uniclr_tf import runs
     os.makedirs(run_dir, exist_ok=True)
+    runs.mark_run_folder(run_dir)  # first: what --overwrite recognises as a run of this tool
     runs.atomic_write_text(os.path.join(run_dir, "flags.txt"), cfg.to_flagfile())
     runs.atomic_write_json(os.path.join(run_dir, "config.json"),
                            {**cfg.to_dict(), "views": json.loads(json.dumps(augmenter.get_config(), default=str))})
@@ -592,12 +633,47 @@ def _write_run_files(run_dir, cfg, augmenter, info, size):
                             "num_test": info.num_test, "streamed": not info.in_memory})
 
 
-def _record_failure(run_dir, cfg, status, reason, progress, **extra):
-    """``metrics.json`` of a run that did not finish: always valid JSON, saying why and where."""
+def _record_failure(run_dir, cfg, status, reason, progress, at=None, **extra):
+    """``metrics.json`` of a run that did not finish: always valid JSON, saying why and where (``at``:
+    a backup's state, where a resume would start, instead of ``progress``; ``extra``: more fields)."""
     from uniclr_tf import runs
+    epoch, step = (at["epoch"] + 1, at["step"]) if at else (progress.epoch + 1, progress.step)
+    if at is None and progress.step == progress.initial_step == 0 and status == "interrupted":
+        epoch, step = 1, 0
     runs.atomic_write_json(os.path.join(run_dir, "metrics.json"),
                            {"status": status, "reason": reason, "method": cfg.method, "epochs": cfg.epochs,
-                            "epoch": progress.epoch + 1, "step": progress.step, **extra})
+                            "epoch": epoch, "step": step, **extra})
+
+
+def _resume_note(state, epochs):
+    """`` (resuming at epoch E, step S)``, or what is left of a run whose epochs are all done."""
+    if not state:
+        return ""
+    if state["epoch"] >= epochs:
+        return f" (all {epochs} epochs done, step {state['step']}: resuming at the final stage)"
+    return f" (resuming at epoch {state['epoch'] + 1}, step {state['step']})"
+
+
+def _stop_after_one_epoch():
+    """A callback that ends ``fit`` after its first epoch: a resumed partial epoch runs with the real
+    ``epochs`` (so the progress bar says "Epoch 2/3", not "2/2") and stops there."""
+    import keras
+
+    class StopAfterEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = True
+    return StopAfterEpoch()
+
+
+def _after_training_phase(last, stopped):
+    """What a signal during the saves / final stage leaves (:func:`uniclr_tf.backup.set_phase`)."""
+    if last is None:
+        return "no backup yet: rerunning the same command starts the run"
+    where = f"the last backup is at epoch {last['epoch'] + 1 if stopped else last['epoch']}, step {last['step']}"
+    if stopped:
+        return f"{where}: rerun the same command to resume"
+    return (f"training is complete and backed up ({where}); the final stage (saves, kNN, pictures, export) is not: "
+            "rerun the same command to finish it")
 
 
 def main(argv):
@@ -607,18 +683,19 @@ def main(argv):
     from uniclr_tf.runs import RunFolderError
     try:
         cfg = config_from_flags()
-        run(cfg)
+        with backup.Interrupts(immediate=True):  # outside training a signal stops at once (training: a backup)
+            run(cfg)
     except backup.TrainingStopped as e:  # a backup is on disk; rerunning resumes
         print(str(e), flush=True)
+        sys.exit(e.exit_code)
+    except backup.Interrupted as e:  # one true line of what is left, then 128 + N
+        print(f"\nreceived {e}: {backup.phase()}", flush=True)
         sys.exit(e.exit_code)
     except (DataError, RunFolderError, backup.TrainingDiverged) as e:  # one line naming the culprit
         sys.exit(f"error: {e}")
     except TrainingCollapsed as e:  # metrics.json says "collapsed"; the last healthy backup is kept
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_COLLAPSED)
-    except KeyboardInterrupt:  # a second Ctrl-C: stop at once
-        sys.exit("\ninterrupted; the last backup (if any) is in the run folder's backup/; rerun the same command "
-                 "to resume")
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES) or "space" in str(e):
             sys.exit(f"error: could not write {e.filename or 'a file'} ({e.strerror}); files written before are "

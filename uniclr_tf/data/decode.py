@@ -32,12 +32,16 @@ _PIL_FORMATS = ("PNG", "JPEG", "MPO", "GIF", "BMP", "WEBP")
 _PIL_GREY_MODES = ("1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N")
 _TAIL = 4096  # bytes read at a file's end to find the format's end marker
 
+#: The most pixels (height x width) an image file may declare before it is decoded (Pillow's own
+#: decompression-bomb limit): a 400 KB PNG can declare 20000 x 20000 pixels, 1.2 GB decoded.
+MAX_PIXELS = 89_478_485
+
 #: What :func:`image_header` found: ``shape`` ``(height, width, channels)`` as :func:`decode_image`
 #: returns it, and the Pillow format name.
 ImageHeader = collections.namedtuple("ImageHeader", ["shape", "format"])
 
 
-def decode_image(raw: bytes, backend: Optional[str] = None) -> np.ndarray:
+def decode_image(raw: bytes, backend: Optional[str] = None, max_pixels: Optional[int] = None) -> np.ndarray:
     """Image file bytes → uint8 ``[H, W, C]``, ``C`` in {1, 3}: THE decoding rule of ``folder:``
     datasets, shared with ``export/client.py`` so that served images get the training pixels.
 
@@ -53,13 +57,17 @@ def decode_image(raw: bytes, backend: Optional[str] = None) -> np.ndarray:
         differ by a few levels, because TensorFlow decodes JPEG with libjpeg's fast integer IDCT and
         Pillow offers only the accurate one), or None: ``"tensorflow"`` when installed, else ``"pil"``.
 
+      max_pixels: refuse (before decoding) an image whose header declares more pixels than this
+        (height x width); None: :data:`MAX_PIXELS`.
+
     Raises:
-      ImageDecodeError: one line saying why (not an image, truncated, unexpected shape).
+      ImageDecodeError: one line saying why (not an image, truncated, unexpected shape, too many pixels).
     """
     if backend is None:
         backend = "tensorflow" if have_tensorflow() else "pil"
     if not raw:
         raise ImageDecodeError("empty file")
+    check_pixels(_declared_size(raw), max_pixels)
     if backend == "tensorflow":
         try:
             image = tf.io.decode_image(raw, channels=0, dtype=tf.uint8, expand_animations=False).numpy()
@@ -80,9 +88,37 @@ def decode_image(raw: bytes, backend: Optional[str] = None) -> np.ndarray:
     return image
 
 
+def _pil():
+    """Pillow's ``Image`` module, its own decompression-bomb check off: :func:`check_pixels` applies
+    the caller's limit (``--max_image_pixels``) from the header instead, before any decoding."""
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = None
+    return Image
+
+
+def _declared_size(raw):
+    """``(width, height)`` a file's header declares (Pillow reads the header only), or None."""
+    Image = _pil()
+
+    try:
+        with Image.open(io.BytesIO(raw)) as im:
+            return im.size
+    except Exception:  # not an image Pillow knows, or a damaged header: decoding decides
+        return None
+
+
+def check_pixels(size, max_pixels=None):
+    """Raises :class:`ImageDecodeError` when ``size`` ``(width, height)`` exceeds ``max_pixels`` pixels."""
+    limit = max_pixels or MAX_PIXELS
+    if size is not None and size[0] * size[1] > limit:
+        raise ImageDecodeError(f"image is {size[1]}x{size[0]} = {size[0] * size[1]:,} pixels, more than the limit of "
+                               f"{limit:,} (a decompression bomb?); raise --max_image_pixels to read it")
+
+
 def _decode_image_pil(raw):
     """``decode_image``'s rule with Pillow: uint8 ``[H, W, 1 or 3]`` (see there for what matches)."""
-    from PIL import Image
+    Image = _pil()
 
     try:
         with Image.open(io.BytesIO(raw)) as im:
@@ -155,7 +191,7 @@ def _complete(image_format, head, tail, size):
     return False
 
 
-def image_header(path: str) -> ImageHeader:
+def image_header(path: str, max_pixels: Optional[int] = None) -> ImageHeader:
     """What :func:`decode_image` would return for the file at ``path``, without decoding it.
 
     Reads the file's header with Pillow (format, size, colour type) and its last few KiB (the
@@ -167,10 +203,11 @@ def image_header(path: str) -> ImageHeader:
     pipelines catch that when they decode the file.
 
     Raises:
-      ImageDecodeError: the file cannot be decoded (one line, as :func:`decode_image`).
+      ImageDecodeError: the file cannot be decoded (one line, as :func:`decode_image`), or declares
+        more than ``max_pixels`` pixels.
       OSError: the file cannot be read.
     """
-    from PIL import Image
+    Image = _pil()
 
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -185,10 +222,12 @@ def image_header(path: str) -> ImageHeader:
             tail = f.read()
         except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError):
             image_format = None
+        if image_format:
+            check_pixels((width, height), max_pixels)  # before anything is decoded in full
         channels = _header_channels(image_format, mode, head) if image_format else None
         if channels and min(width, height) >= 1 and _complete(image_format, head, tail, size):
             return ImageHeader((height, width, channels), image_format)
         f.seek(0)
         raw = f.read()
-    image = decode_image(raw)  # the header was not enough: decode_image decides
+    image = decode_image(raw, max_pixels=max_pixels)  # the header was not enough: decode_image decides
     return ImageHeader(tuple(int(d) for d in image.shape), image_format or "")

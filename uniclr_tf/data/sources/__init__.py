@@ -33,7 +33,8 @@ def load_dataset(spec: str = "fashion_mnist", image_size: Union[int, Sequence[in
                  data_dir: Optional[str] = None, skip_bad_files: bool = False,
                  max_examples: Optional[int] = None, eval_spec: Optional[str] = None,
                  holdout_fraction: float = _HOLDOUT_FRACTION,
-                 max_in_memory_mb: float = _MAX_IN_MEMORY_MB) -> DatasetInfo:
+                 max_in_memory_mb: float = _MAX_IN_MEMORY_MB,
+                 max_image_pixels: Optional[int] = None) -> DatasetInfo:
     """Loads (and checks) the dataset named by ``spec``.
 
     Args:
@@ -54,6 +55,8 @@ def load_dataset(spec: str = "fashion_mnist", image_size: Union[int, Sequence[in
         test split and no ``eval_spec`` is given (per class for folders), in (0, 0.5].
       max_in_memory_mb: ``folder:`` data whose decoded images (N x H x W x 3 bytes) fit in this
         many MB is decoded into memory at load; larger folders stream from disk (0: always).
+      max_image_pixels: ``folder:`` data: a file of more pixels (read from its header, before any
+        decoding) is a bad file; None: :data:`~uniclr_tf.data.decode.MAX_PIXELS`.
 
     Returns:
       A :class:`DatasetInfo`; its ``notes`` say where the test split comes from and whether a
@@ -77,6 +80,7 @@ def load_dataset(spec: str = "fashion_mnist", image_size: Union[int, Sequence[in
     opts = LoadOptions(size=size, data_dir=data_dir, skip_bad_files=skip_bad_files,
                        max_examples=int(max_examples) if max_examples is not None else None,
                        holdout_fraction=holdout_fraction, max_in_memory_mb=max_in_memory_mb,
+                       max_image_pixels=max_image_pixels,
                        splits="train" if eval_spec else "all")
     info = _load(spec, opts)
     if eval_spec:

@@ -38,6 +38,7 @@ class LoadOptions:
     max_examples: Optional[int] = None
     holdout_fraction: float = _HOLDOUT_FRACTION
     max_in_memory_mb: float = _MAX_IN_MEMORY_MB
+    max_image_pixels: Optional[int] = None
     splits: str = "all"
     channels: Optional[int] = None
     class_names: Optional[Tuple[str, ...]] = None

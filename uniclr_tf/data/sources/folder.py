@@ -34,6 +34,7 @@ decoded images, or from every file's header when streaming).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 
@@ -53,6 +54,10 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 _TEST_DIR_NAMES = ("test", "val", "validation")
 
 
+class _Shape(collections.namedtuple("_Shape", ["shape"])):
+    """Internal: a header's shape where :func:`_keep_majority_size` expects an array."""
+
+
 class _BadImage(Exception):
     """Internal: one image file cannot be used; ``args[0]`` is the reason."""
 
@@ -61,28 +66,76 @@ def _is_hidden(name):
     return name.startswith(".") or name.startswith("__")
 
 
-def _image_files(directory):
-    """Sorted image files under ``directory`` (recursive) and the count of other files ignored."""
+def _inside(path, folder):
+    """Whether the real path ``path`` is ``folder`` or lies below it."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _link_problem(path, dataset_root, seen):
+    """Why the symbolic link ``path`` is not followed (None: follow it). A link back into the dataset
+    root (``a/self -> .``, ``a/loop -> ..``, ``a/x.png -> ../b/y.png``) would list files twice, under
+    another class or in both splits, or loop; a link to a folder holding the root loops too; a
+    target already listed is listed once."""
+    target = os.path.realpath(path)
+    if _inside(target, dataset_root):
+        return "it points back into the dataset"
+    if _inside(dataset_root, target):
+        return "it points to a folder holding the dataset (a loop)"
+    if target in seen:
+        return "its target is already listed"
+    return None
+
+
+def _image_files(directory, dataset_root=None, seen=None):
+    """Sorted image files under ``directory`` (recursive) and the count of other files ignored.
+
+    Symbolic links are followed only out of ``dataset_root`` (default ``directory``), each target
+    once (``seen``: the real paths listed so far, shared by the caller between folders); the others
+    are skipped with a warning naming them (see :func:`_link_problem`)."""
+    dataset_root = os.path.realpath(dataset_root or directory)
+    seen = set() if seen is None else seen
     found, ignored = [], 0
+
+    def followed(path):
+        if not os.path.islink(path):
+            return True
+        problem = _link_problem(path, dataset_root, seen)
+        if problem is None and _inside(os.path.realpath(os.path.dirname(path)), os.path.realpath(path)):
+            problem = "it points to a folder holding it (a loop)"
+        if problem:
+            logging.warning("%s: symbolic link not followed: %s", path, problem)
+            return False
+        seen.add(os.path.realpath(path))
+        return True
+
+    seen.add(os.path.realpath(directory))
     for root, dirs, files in os.walk(directory, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not _is_hidden(d))
+        dirs[:] = sorted(d for d in dirs if not _is_hidden(d) and followed(os.path.join(root, d)))
+        seen.update(os.path.realpath(os.path.join(root, d)) for d in dirs)
         for f in sorted(files):
             if _is_hidden(f):
                 continue
             if f.lower().endswith(IMAGE_EXTENSIONS):
-                found.append(os.path.join(root, f))
+                if followed(os.path.join(root, f)):
+                    found.append(os.path.join(root, f))
             else:
                 ignored += 1
     return found, ignored
 
 
-def _list_folder(directory, class_names=None, labelled=None):
+def _list_folder(directory, class_names=None, labelled=None, dataset_root=None, seen=None):
     """``(files, labels, class_names)`` of one folder: class sub-folders, or flat (label -1).
 
     ``class_names``/``labelled`` come from the train folder when listing its test folder, whose
-    layout and classes must agree with it.
+    layout and classes must agree with it. Symbolic links: see :func:`_image_files` (``dataset_root``,
+    ``seen``).
     """
+    dataset_root = dataset_root or directory
+    seen = set() if seen is None else seen
     entries = sorted(e for e in os.listdir(directory) if not _is_hidden(e))
+    real_root = os.path.realpath(dataset_root)
+    entries = [e for e in entries if not os.path.islink(os.path.join(directory, e))
+               or not _warn_link(os.path.join(directory, e), real_root, seen)]
     subdirs = [e for e in entries if os.path.isdir(os.path.join(directory, e))]
     has_classes = bool(subdirs)
     if labelled is not None and entries and has_classes != labelled:
@@ -97,7 +150,7 @@ def _list_folder(directory, class_names=None, labelled=None):
             if name not in index:
                 raise DataError(f"{os.path.join(directory, name)}: class {name!r} is not among the "
                                 f"train classes {list(class_names)}")
-            found, skipped = _image_files(os.path.join(directory, name))
+            found, skipped = _image_files(os.path.join(directory, name), dataset_root, seen)
             files += found
             labels += [index[name]] * len(found)
             ignored += skipped
@@ -116,6 +169,16 @@ def _list_folder(directory, class_names=None, labelled=None):
         logging.info("%s: ignored %d file(s) without an image extension %s", directory, ignored,
                      IMAGE_EXTENSIONS)
     return files, labels, (class_names if has_classes else None)
+
+
+def _warn_link(path, real_root, seen):
+    """True (and a warning) when the link ``path`` beside the class folders is not to be followed."""
+    problem = _link_problem(path, real_root, seen)
+    if problem:
+        logging.warning("%s: symbolic link not followed: %s", path, problem)
+        return True
+    seen.add(os.path.realpath(path))
+    return False
 
 
 def _hash_order(paths, root):
@@ -150,7 +213,7 @@ def _subsample(files, labels, max_examples, root):
     return [files[i] for i in keep], [labels[i] for i in keep]
 
 
-def _decode_file(path):
+def _decode_file(path, max_pixels=None):
     """Decodes one file with :func:`decode_image` (uint8 ``[H, W, C]``, C in {1, 3}); raises _BadImage."""
     try:
         with open(path, "rb") as f:
@@ -158,53 +221,70 @@ def _decode_file(path):
     except OSError as e:
         raise _BadImage(f"cannot read file ({e.strerror or e})")
     try:
-        return decode_image(raw)
+        return decode_image(raw, max_pixels=max_pixels)
     except ImageDecodeError as e:
         raise _BadImage(e.args[0]) from None
 
 
-def _read_header(path):
+def _read_header(path, max_pixels=None):
     """:func:`image_header` of one file (its ``.shape`` is ``(H, W, C)``); raises _BadImage."""
     try:
-        return image_header(path)
+        return image_header(path, max_pixels)
     except OSError as e:
         raise _BadImage(f"cannot read file ({e.strerror or e})")
     except ImageDecodeError as e:
         raise _BadImage(e.args[0]) from None
 
 
-def _decode_files(files, size, skip_bad_files, reference, read=_decode_file):
+def _decode_files(files, size, skip_bad_files, read=_decode_file, max_pixels=None):
     """Reads and checks every file with ``read`` (:func:`_decode_file`: the decoded image, resized
-    to ``size``; :func:`_read_header`: its header); returns ``(results, kept indices, skipped paths)``.
-
-    ``reference`` is a one-element list holding ``(path, (H, W))`` of the first good image, shared
-    between the splits so that both must match it when ``size`` is None.
-    """
+    to ``size``; :func:`_read_header`: its header), refusing files of more than ``max_pixels``
+    pixels before decoding them; returns ``(results, kept indices, skipped paths)``. Without
+    ``size``, the images' sizes are checked after (:func:`_keep_majority_size`)."""
     results, kept, skipped = [], [], []
     for i, path in enumerate(files):
         try:
-            result = read(path)
-            if size is not None:
-                if read is _decode_file and tuple(result.shape[:2]) != tuple(size):
-                    result = _resize_uint8(result, size).numpy()
-            elif not reference:
-                reference.append((path, tuple(result.shape[:2])))
-            elif tuple(result.shape[:2]) != reference[0][1]:
-                (first, (h, w)) = reference[0]
-                raise _BadImage(f"image is {result.shape[0]}x{result.shape[1]} but the first image "
-                                f"({first}) is {h}x{w}; pass image_size to resize")
+            result = read(path, max_pixels)
+            if size is not None and read is _decode_file and tuple(result.shape[:2]) != tuple(size):
+                result = _resize_uint8(result, size).numpy()
         except _BadImage as e:
-            if not skip_bad_files:
-                raise DataError(f"{path}: {e.args[0]}") from None
-            skipped.append(path)
-            if len(skipped) <= 10:
-                logging.warning("skipping %s: %s", path, e.args[0])
+            _bad(path, e.args[0], skip_bad_files, skipped)
             continue
         results.append(result)
         kept.append(i)
         if (i + 1) % 10_000 == 0:
             logging.info("%s %d / %d images", "decoded" if read is _decode_file else "checked", i + 1, len(files))
     return results, kept, skipped
+
+
+def _bad(path, reason, skip_bad_files, skipped):
+    """A bad file: a DataError naming it, or (``skip_bad_files``) recorded in ``skipped``."""
+    if not skip_bad_files:
+        raise DataError(f"{path}: {reason}")
+    skipped.append(path)
+    if len(skipped) <= 10:
+        logging.warning("skipping %s: %s", path, reason)
+
+
+def _keep_majority_size(splits, skip_bad_files, skipped):
+    """Without ``image_size`` every image must have one size: the most common one among all the
+    splits' images (not the first file's, which may be the odd one). ``splits`` is a list of
+    ``(files, results, kept)``; returns them with the others dropped (``skip_bad_files``: recorded in
+    ``skipped``), else raises a DataError naming the first one; and the size ``(H, W)``."""
+    sizes = collections.Counter(tuple(r.shape[:2]) for _, results, _ in splits for r in results)
+    if not sizes:
+        return splits, None
+    (height, width), count = sizes.most_common(1)[0]
+    total = sum(sizes.values())
+    out = []
+    for files, results, kept in splits:
+        keep = [j for j, r in enumerate(results) if tuple(r.shape[:2]) == (height, width)]
+        for j in sorted(set(range(len(results))) - set(keep)):
+            h, w = results[j].shape[:2]
+            _bad(files[kept[j]], f"image is {h}x{w} but most images ({count} of {total}) are {height}x{width}; "
+                                 "pass image_size (--image_size) to resize", skip_bad_files, skipped)
+        out.append((files, [results[j] for j in keep], [kept[j] for j in keep]))
+    return out, (height, width)
 
 
 def _stack(images, channels):
@@ -228,24 +308,27 @@ def _list_splits(root, opts, spec, notes):
     test_dir = next((os.path.join(root, d) for d in _TEST_DIR_NAMES
                      if os.path.isdir(os.path.join(root, d))), None)
     has_splits = os.path.isdir(train_dir) and test_dir is not None
+    seen = set()  # the real paths that symbolic links led to: each listed once
     if opts.splits == "test":  # the test split of another spec's training data
         directory = test_dir if has_splits else root
         labelled = None if opts.class_names is None else True
-        files, labels, class_names = _list_folder(directory, opts.class_names, labelled=labelled)
+        files, labels, class_names = _list_folder(directory, opts.class_names, labelled=labelled,
+                                                  dataset_root=root, seen=seen)
         if not files:
             raise DataError(f"{directory}: no images found under {directory} (extensions "
                             f"{', '.join(IMAGE_EXTENSIONS)})")
         return [], [], files, labels, class_names
     if has_splits:
-        train_files, train_labels, class_names = _list_folder(train_dir)
+        train_files, train_labels, class_names = _list_folder(train_dir, dataset_root=root, seen=seen)
         if not train_files:
             raise DataError(f"{train_dir}: no images found under {train_dir}")
         if opts.splits == "train":
             return train_files, train_labels, [], [], class_names
-        test_files, test_labels, _ = _list_folder(test_dir, class_names, labelled=class_names is not None)
+        test_files, test_labels, _ = _list_folder(test_dir, class_names, labelled=class_names is not None,
+                                                  dataset_root=root, seen=seen)
         logging.info("%s: using %s and %s as the train and test splits", root, train_dir, test_dir)
         return train_files, train_labels, test_files, test_labels, class_names
-    files, labels, class_names = _list_folder(root)
+    files, labels, class_names = _list_folder(root, dataset_root=root, seen=seen)
     if not files:
         raise DataError(f"{root}: no images found under {root} (extensions {', '.join(IMAGE_EXTENSIONS)})")
     if opts.splits == "train":
@@ -313,11 +396,15 @@ def _channels(opts, files, counts):
 def _folder_in_memory(spec, root, opts, notes, class_names, train_files, train_labels, test_files,
                       test_labels):
     """Every file decoded and checked now, the splits held as arrays."""
-    reference = []
     train_images, train_kept, train_skipped = _decode_files(train_files, opts.size, opts.skip_bad_files,
-                                                            reference)
-    test_images, test_kept, test_skipped = _decode_files(test_files, opts.size, opts.skip_bad_files, reference)
+                                                            max_pixels=opts.max_image_pixels)
+    test_images, test_kept, test_skipped = _decode_files(test_files, opts.size, opts.skip_bad_files,
+                                                         max_pixels=opts.max_image_pixels)
     skipped = train_skipped + test_skipped
+    if opts.size is None:
+        ((_, train_images, train_kept), (_, test_images, test_kept)), _ = _keep_majority_size(
+            [(train_files, train_images, train_kept), (test_files, test_images, test_kept)], opts.skip_bad_files,
+            skipped)
     if skipped:
         logging.warning("%s: skipped %d bad image file(s) of %d (first: %s)", root, len(skipped),
                         len(train_files) + len(test_files), skipped[0])
@@ -360,17 +447,21 @@ def _folder_streamed(spec, root, opts, notes, class_names, train_files, train_la
                      test_labels):
     """Every file's header checked now; the splits streamed (decoded as they are read)."""
     total = len(train_files) + len(test_files)
-    reference = []
     train_headers, train_kept, train_skipped = _decode_files(train_files, opts.size, opts.skip_bad_files,
-                                                             reference, read=_read_header)
-    test_headers, test_kept, test_skipped = _decode_files(test_files, opts.size, opts.skip_bad_files, reference,
-                                                          read=_read_header)
+                                                             read=_read_header, max_pixels=opts.max_image_pixels)
+    test_headers, test_kept, test_skipped = _decode_files(test_files, opts.size, opts.skip_bad_files,
+                                                          read=_read_header, max_pixels=opts.max_image_pixels)
     skipped = train_skipped + test_skipped
+    majority = None
+    if opts.size is None:
+        ((_, train_headers, train_kept), (_, test_headers, test_kept)), majority = _keep_majority_size(
+            [(train_files, [_Shape(h.shape) for h in train_headers], train_kept),
+             (test_files, [_Shape(h.shape) for h in test_headers], test_kept)], opts.skip_bad_files, skipped)
     if not (test_headers if opts.splits == "test" else train_headers):
         raise DataError(f"{root}: no readable images found under {root} ({len(skipped)} bad file(s) skipped)")
     channels = _channels(opts, [train_files[i] for i in train_kept] + [test_files[i] for i in test_kept],
                          [h.shape[-1] for h in train_headers + test_headers])
-    height, width = opts.size or reference[0][1]
+    height, width = opts.size or majority
     image_shape = (height, width, channels)
 
     def ordered(files, labels, kept):  # the stream's order: a deterministic shuffle of the files
