@@ -41,7 +41,7 @@ demo: $(STAMP) $(FMNIST)
 test: $(STAMP) $(FMNIST)
 	$(PY) -m pytest -q tests
 
-# CPU figures of benchmarks/RESULTS.md (about 20 minutes); the GPU suite is benchmarks/gpu_run.sh.
+# CPU figures of docs/results/speed.md (about 20 minutes); the GPU suite is benchmarks/gpu/run.sh.
 bench: $(STAMP) $(FMNIST)
 	PYTHON=$(PY) bash benchmarks/cpu_run.sh
 

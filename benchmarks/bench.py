@@ -36,7 +36,7 @@ uint8. The bench imports TensorFlow itself only on the TensorFlow backend (tf.da
 where TensorFlow is absent (the GPU machines); where it is installed, ``keras.utils.set_random_seed``
 imports it to seed it, whatever the backend.
 
-Results of the GPU and CPU runs: ``benchmarks/RESULTS.md``.
+Results of the GPU and CPU runs: ``docs/results/speed.md``.
 """
 
 import datetime

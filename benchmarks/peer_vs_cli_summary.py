@@ -1,10 +1,10 @@
-"""Table and JSON of ``gpu_peer_vs_cli.sh``: the PyTorch GPU peer against the train CLI (cold and warm
+"""Table and JSON of ``gpu/peer_vs_cli.sh``: the PyTorch GPU peer against the train CLI (cold and warm
 compilation cache) from ``peer.json`` and the CLI runs' ``history.json``.
 
     python benchmarks/peer_vs_cli_summary.py --peer=peer.json --cold=cli-sgd-cold-history.json \
         --warm=cli-sgd-warm-history.json --steps_per_epoch=117 --batch_size=512 --out=summary.json
     python benchmarks/peer_vs_cli_summary.py --peer=peer.json --cli=table=sgd-table-history.json \
-        --cli=no_table=sgd-notable-history.json        # any runs, by name (gpu_first_run.sh)
+        --cli=no_table=sgd-notable-history.json        # any runs, by name (gpu/first_run.sh)
 
 Training images/s: epochs 2..N over their wall-clock minus the kNN monitor's seconds (the peer's
 ``training_images_per_s`` is measured the same way); end to end: the training loop's wall-clock,

@@ -1,7 +1,7 @@
 r"""kNN-vs-epoch curves of study runs (benchmarks/study.py results), one figure per question.
 
-    python benchmarks/study_plots.py --out=benchmarks/study/recipe-200.png --title="..." \
-        benchmarks/study/h100x4-call2/e200/sgd-t0.2-e200 [LABEL=]FOLDER ...
+    python benchmarks/study_plots.py --out=benchmarks/results/recipe/recipe-200.png --title="..." \
+        runs/study-results/recipe/sgd-t0.2-e200 [LABEL=]FOLDER ...
     python benchmarks/study_plots.py --out=X.png --metric=effective_rank FOLDER ...
 
 Each FOLDER holds a run's ``history.json`` (what study.py copies into ``OUT/NAME/``); ``LABEL=``

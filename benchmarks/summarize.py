@@ -1,4 +1,4 @@
-"""Prints the Markdown tables of benchmarks/RESULTS.md from the JSON files in benchmarks/.
+"""Prints the Markdown tables of docs/results/speed.md from the JSON files in benchmarks/results/speed/.
 
     python benchmarks/summarize.py            (no Keras, TensorFlow or JAX needed)
 """
@@ -7,7 +7,7 @@ import glob
 import json
 import os
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "speed")
 
 
 def load(name):

@@ -11,7 +11,7 @@
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
 #     && export PYTHONPATH=/tmp/site:$PWD KERAS_BACKEND=jax \
 #     && mkdir -p ~/.keras/datasets && cp -r .data/fashion-mnist ~/.keras/datasets/
-# (benchmarks/gpu_run.sh and benchmarks/gpu_train.sh are then run the same way).
+# (benchmarks/gpu/run.sh and benchmarks/gpu/train.sh are then run the same way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl .data/fashion-mnist

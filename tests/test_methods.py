@@ -150,7 +150,7 @@ def test_options_the_method_does_not_take_are_refused(name):
 
 
 def test_simaffinity_with_an_ema_target_no_predictor_and_a_symmetric_loss_is_warned_of():
-    """The one set-up measured not to learn (REPRODUCTION.md) is warned of, and only it."""
+    """The one set-up measured not to learn (docs/results/reproduction.md) is warned of, and only it."""
     warned = methods.create("simaffinity", ema_momentum=0.99).setup_warnings()
     assert len(warned) == 1 and "--gamma=0" in warned[0] and "--predictor" in warned[0]
     for options in ({}, {"ema_momentum": 0.99, "predictor": True}, {"ema_momentum": 0.99, "symmetric_loss_weight": 0.0},

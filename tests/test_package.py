@@ -200,13 +200,17 @@ def _anchors(markdown):
 
 
 def test_docs_links_resolve():
-    """The docs/ pages, every relative Markdown link in them and the anchors into docs/ exist."""
-    for page in ("objectives.md", "stack.md"):
-        text = (REPO_ROOT / "docs" / page).read_text(encoding="utf-8")
+    """README, WORKSPACE and every docs/ page: each relative Markdown link (pictures included) and each
+    anchor into a Markdown page exist."""
+    pages = [REPO_ROOT / "README.md", REPO_ROOT / "WORKSPACE.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+    assert {"objectives.md", "stack.md", "architecture.md", "speed.md", "reproduction.md"} <= {p.name for p in pages}
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
         for target, anchor in re.findall(r"\]\(([^)#:]*)(?:#([^)]*))?\)", text):
-            path = (REPO_ROOT / "docs" / (target or page)).resolve()
-            assert path.exists(), f"docs/{page}: broken link {target}"
+            path = (page.parent / target).resolve() if target else page
+            assert path.exists(), f"{page.relative_to(REPO_ROOT)}: broken link {target}"
             if anchor and path.suffix == ".md":
-                assert anchor in _anchors(path.read_text(encoding="utf-8")), f"docs/{page}: no #{anchor} in {target}"
+                assert anchor in _anchors(path.read_text(encoding="utf-8")), \
+                    f"{page.relative_to(REPO_ROOT)}: no #{anchor} in {target or page.name}"
     workspace = (REPO_ROOT / "WORKSPACE.md").read_text(encoding="utf-8")
     assert "docs/objectives.md" in workspace and "docs/stack.md" in workspace

@@ -266,9 +266,10 @@ PICTURES = {"recipe-200.png", "recipe-mc4-seeds.png", "claim-a-methods-200.png",
             "claim-d-rank.png", "claim-d-std.png"}
 
 
-def test_plots_script_finds_every_curve_of_reproduction_md_among_the_kept_runs(tmp_path):
-    """benchmarks/study/plots.sh over the runs kept in benchmarks/study: every picture REPRODUCTION.md shows
-    is drawn, no configuration is missing, a seed that did not finish is left out of its mean."""
+def test_plots_script_finds_every_curve_of_the_reproduction_page_among_the_kept_runs(tmp_path):
+    """benchmarks/study/plots.sh over the curated runs (benchmarks/results/*/runs.json): every picture
+    docs/results/reproduction.md shows is drawn, no configuration is missing, a seed that did not finish is
+    left out of its mean."""
     import os
     import subprocess
     calls = tmp_path / "calls.txt"
@@ -279,14 +280,38 @@ def test_plots_script_finds_every_curve_of_reproduction_md_among_the_kept_runs(t
     assert result.stderr == ""  # no "no finished run of ..."
     plots = _plot_calls(calls)
     assert set(plots) == PICTURES
-    reproduction = (REPO_ROOT / "benchmarks" / "REPRODUCTION.md").read_text()
-    assert all(f"(study/{name})" in reproduction for name in PICTURES)
+    reproduction = (REPO_ROOT / "docs" / "results" / "reproduction.md").read_text()
+    for path in sorted((REPO_ROOT / "benchmarks" / "results").glob("*/*.png")):
+        if path.name in PICTURES:
+            assert f"(../../benchmarks/results/{path.parent.name}/{path.name})" in reproduction, path.name
+    assert {p.name for p in (REPO_ROOT / "benchmarks" / "results").glob("*/*.png")} >= PICTURES
     curves = dict(spec.split("=", 1) for spec in plots["claim-d-simtrace.png"])
     assert len(curves["SimTrace alone"].split(",")) == 3
     tricks = curves["+ predictor + EMA"].split(",")  # seed 2 diverged: two folders, neither of them its own
     assert len(tricks) == 2 and not any(t.endswith("simtrace-tricks-s2") for t in tricks)
     one_seed = dict(spec.split("=", 1) for spec in plots["claim-a-methods-200.png"])
     assert all("," not in folders for folders in one_seed.values())
+
+
+def test_curated_runs_unpack_to_the_summaries_kept_beside_them(tmp_path):
+    """benchmarks/results/STUDY/runs.json (the per-run curves the plots read) agrees with the summary.json
+    beside it: the same runs, statuses, final kNN and linear top-1; pack(unpack(x)) gives x back."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import study_runs
+    for name, plan in (("recipe", "recipe"), ("methods", "methods200"), ("ablations", "claims")):
+        folder = REPO_ROOT / "benchmarks" / "results" / name
+        kept = json.loads((folder / "runs.json").read_text())
+        assert kept["plan"] == f"benchmarks/study/{plan}.plan"
+        rows = {r["name"]: r for r in json.loads((folder / "summary.json").read_text())["rows"]}
+        for run, data in kept["runs"].items():
+            assert rows[run]["status"] == data["status"], run
+            assert rows[run]["knn_final"] == data["metrics"].get("knn_top1"), run
+            linear = [v["top1"] for v in data["linear"].values()]
+            assert rows[run]["linear_top1"] == (linear[0] if linear else None), run
+        study_runs.unpack(folder / "runs.json", tmp_path / name)
+        again = study_runs.pack(str(REPO_ROOT / kept["plan"]), [str(tmp_path / name)])
+        assert {k: {**v, "card": None} for k, v in again["runs"].items()} == \
+            {k: {**v, "card": None, "epochs_done": again["runs"][k]["epochs_done"]} for k, v in kept["runs"].items()}
 
 
 def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_results(tmp_path):

@@ -17,7 +17,7 @@ among. XLA leaves version checks to its user ("use different directories for dif
 versions"), so a table is used only by the jaxlib version that wrote it.
 
 Make or extend a table on a GPU machine from the caches of runs made there
-(``benchmarks/gpu_autotune_table.sh`` runs the shipped configurations and does this)::
+(``benchmarks/gpu/autotune_table.sh`` runs the shipped configurations and does this)::
 
     python -m uniclr_tf.autotune collect CACHE_DIR [CACHE_DIR ...] [--table=PATH] [--configs=NAMES]
     python -m uniclr_tf.autotune list [--table=PATH]

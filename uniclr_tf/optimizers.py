@@ -255,7 +255,7 @@ class SGD(LARS):
     lightly) calibrate their ``weight_decay`` for. Keras's own ``keras.optimizers.SGD`` decays
     *decoupled* (``w ← w − lr·wd·w`` after the step), which with momentum 0.9 is about ten times
     weaker for the same coefficient: a PyTorch recipe's 5e-4 there barely regularises (measured on
-    Fashion-MNIST: 2 kNN points lost, benchmarks/RESULTS.md).
+    Fashion-MNIST: 2 kNN points lost, docs/results/speed.md).
 
     Args:
         learning_rate, momentum, nesterov, exclude_from_weight_decay: as :class:`LARS`.

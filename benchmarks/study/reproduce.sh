@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 12's whole study in one command: every run of recipe.plan, methods200.plan and claims.plan (114 runs),
 # one run per GPU of this machine at a time, each followed by its linear evaluation; then each plan's table
-# with mean +- std over seeds (RES/PLAN/summary.md) and every plot of REPRODUCTION.md drawn from these runs
+# with mean +- std over seeds (RES/PLAN/summary.md) and every plot of docs/results/reproduction.md drawn from these runs
 # (RES/plots/). About 9 GPU-hours on H100s (2-view 200-epoch run ~6 min, 50-epoch ~1.5 min, a linear
 # evaluation ~1 min): ~2.5 hours on a 4-GPU machine.
 #   [RES=DIR] [RUNS_DIR=DIR] [T=seconds] [GPUS=0,1,...] bash benchmarks/study/reproduce.sh

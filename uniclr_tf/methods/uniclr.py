@@ -36,7 +36,7 @@ class SimAffinity(Method):
             return ["warning: SimAffinity with an EMA target (--ema_momentum), no --predictor and a symmetric loss "
                     "(--gamma > 0) did not learn in this project's Fashion-MNIST study (2 seeds: the cross-entropy "
                     "stayed at chance), where --gamma=0, or adding --predictor, learns: see "
-                    "benchmarks/REPRODUCTION.md (SimAffinity with BYOL's tricks)"]
+                    "docs/results/reproduction.md (SimAffinity with BYOL's tricks)"]
         return []
 
 
