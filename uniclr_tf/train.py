@@ -167,12 +167,11 @@ def build_model(cfg, info, augmenter=None, devices=1):
         encoder = encoders.build_encoder(cfg.encoder, (size, size, info.image_shape[-1]),
                                          width=cfg.encoder_width or None, synchronized_bn=synchronized_bn)
         feat = encoder.output_shape[-1]
-        proj = heads.projector(feat, cfg.projector_dims, synchronized_bn=synchronized_bn,
-                               last_bn=method.projector_last_bn)
+        proj = method.build_projector(feat, cfg.projector_dims, synchronized_bn=synchronized_bn)
         pred = (heads.predictor(cfg.projector_dims[-1], cfg.predictor_hidden, synchronized_bn)
                 if method.uses_predictor else None)
     return UniCLR(encoder, proj, pred, method=method, augmenter=augmenter, num_global=2,
-                  ema_total_steps=cfg.epochs * max(cfg.steps_per_epoch, 1),
+                  ema_total_steps=cfg.epochs * max(cfg.steps_per_epoch, 1), steps_per_epoch=max(cfg.steps_per_epoch, 1),
                   gather_across_replicas=cfg.gather_across_replicas,
                   num_classes=info.num_classes if cfg.online_probe and info.num_classes else None)
 
