@@ -45,6 +45,8 @@ HELP = {
                         "into memory at load (faster epochs; needed without TensorFlow); larger ones stream from disk "
                         "through tf.data. 0: always stream.",
     "encoder": "Backbone architecture.",
+    "encoder_stem": "resnet18's stem: auto (the CIFAR 3x3 stem below 64 px, the ImageNet 7x7 + max-pool stem "
+                    "from 64 px), cifar or imagenet.",
     "encoder_width": "Base width of resnet18/small/tiny (0: 64 for resnet18, 32 for small, 16 for tiny).",
     "projector_dims": "Projector layer sizes, e.g. 2048,2048,256 (CIFAR) or 2048,2048,2048 (ImageNet).",
     "predictor_hidden": "Hidden size of the predictor (methods with one: byol, simsiam, moco_v3, or --predictor).",
@@ -165,7 +167,8 @@ def build_model(cfg, info, augmenter=None, devices=1):
     groups = devices if cfg.batch_norm == "per_device" and keras.backend.backend() == "jax" else 1
     with encoders.batch_norm_groups(groups):
         encoder = encoders.build_encoder(cfg.encoder, (size, size, info.image_shape[-1]),
-                                         width=cfg.encoder_width or None, synchronized_bn=synchronized_bn)
+                                         width=cfg.encoder_width or None, synchronized_bn=synchronized_bn,
+                                         stem=cfg.encoder_stem)
         feat = encoder.output_shape[-1]
         proj = method.build_projector(feat, cfg.projector_dims, synchronized_bn=synchronized_bn)
         pred = (heads.predictor(cfg.projector_dims[-1], cfg.predictor_hidden, synchronized_bn)
