@@ -29,7 +29,7 @@ def build(name, ema):
         options["ema_momentum"] = ema
     method = cls(**options)
     enc = encoders.build_encoder("tiny", (16, 16, 1), width=4, synchronized_bn=True)
-    proj = heads.projector(16, (32, 8), synchronized_bn=True, last_bn=cls.projector_last_bn)
+    proj = method.build_projector(16, (32, 8), synchronized_bn=True)
     pred = heads.predictor(8, 16, synchronized_bn=True) if method.uses_predictor else None
     return UniCLR(enc, proj, pred, method=method, ema_total_steps=10)
 

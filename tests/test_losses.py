@@ -142,6 +142,61 @@ def ref_wmse(z1, z2, eps=1e-4, m=128):
     return float(np.mean(2 - 2 * ref_cos(ref_wmse_whiten(z1, m, eps), ref_wmse_whiten(z2, m, eps))))
 
 
+def ref_sinkhorn(scores, eps=0.05, iterations=3):
+    """SwAV's Algorithm 1 as written (exp domain, single device)."""
+    q = np.exp(scores / eps).T                  # [K, B]
+    q = q / q.sum()
+    k, b = q.shape
+    for _ in range(iterations):
+        q = q / q.sum(axis=1, keepdims=True) / k
+        q = q / q.sum(axis=0, keepdims=True) / b
+    return (q * b).T
+
+
+def ref_swav(s1, s2, tau=0.1, eps=0.05, iterations=3, codes=None):
+    """``codes``: (q1, q2) to use instead of those of (s1, s2) (stop-gradient: finite differences
+    must hold them constant)."""
+    q1, q2 = codes or (ref_sinkhorn(s1, eps, iterations), ref_sinkhorn(s2, eps, iterations))
+    a = np.mean([q1[r] @ ref_log_softmax(s2[r] / tau) for r in range(s1.shape[0])])
+    b = np.mean([q2[r] @ ref_log_softmax(s1[r] / tau) for r in range(s1.shape[0])])
+    return -0.5 * (a + b)
+
+
+def ref_dino(student, teacher, center, ts=0.1, tt=0.04):
+    total = 0.0
+    for r in range(student.shape[0]):
+        p = np.exp(ref_log_softmax((teacher[r] - center) / tt))
+        total -= p @ ref_log_softmax(student[r] / ts)
+    return total / student.shape[0]
+
+
+def ref_zero_cl_parts(z1, z2, eps=0.01, frozen=None):
+    """Zero-CL's official ``fea_loss`` + ``ins_loss`` (single device); ``frozen``: whitening matrices
+    to use instead of those of (z1, z2) (the official code detaches them: finite differences must
+    hold them constant)."""
+    def stdz(z, axis):
+        return (z - z.mean(axis=axis, keepdims=True)) / (z.std(axis=axis, ddof=1, keepdims=True) + 1e-4)
+
+    def zca(x):
+        values, vectors = np.linalg.eigh(x.T @ x / x.shape[0])
+        return vectors @ np.diag(1 / np.sqrt(values + eps)) @ vectors.T
+
+    n, d = z1.shape
+    f = [stdz(z, 0) for z in (z1, z2)]          # [N, D]: rows are samples
+    t = [stdz(z, 1).T for z in (z1, z2)]        # [D, N]: rows are features
+    mats = frozen or [zca(x) for x in f + t]
+    f = [x @ w for x, w in zip(f, mats[:2])]
+    t = [x @ w for x, w in zip(t, mats[2:])]
+    feature = np.sum((np.diag(f[0].T @ f[1] / n) - 1) ** 2)
+    instance = np.sum((np.diag(t[0].T @ t[1] / d) - 1) ** 2)
+    return instance, feature, mats
+
+
+def ref_zero_cl(z1, z2, eps=0.01, frozen=None):
+    instance, feature, _ = ref_zero_cl_parts(z1, z2, eps, frozen)
+    return instance + feature
+
+
 # ----------------------------------------------------------------------------------------------
 # cases: (library loss, reference), each a function of (view 1, view 2, queue)
 # ----------------------------------------------------------------------------------------------
@@ -166,6 +221,13 @@ CASES = {
     "vicreg": (lambda a, b, qu: obj.vicreg_loss(a, b), lambda a, b, qu: ref_vicreg(a, b)),
     "wmse": (lambda a, b, qu: obj.wmse_loss(a, b, whitening_size=32),
              lambda a, b, qu: ref_wmse(a, b, 1e-4, 32)),
+    # scores of unnormalised embeddings: a milder ε / T than the defaults (made for cosines) keeps
+    # exp(scores / ε) within float32's comfortable range for the 1e-5 comparison
+    "swav": (lambda a, b, qu: obj.swav_loss(a, b, temperature=0.5, epsilon=0.5, iterations=3),
+             lambda a, b, qu: ref_swav(a, b, 0.5, 0.5, 3)),
+    "dino": (lambda a, b, qu: obj.dino_loss(a, b, qu[0], student_temperature=0.5, teacher_temperature=0.3),
+             lambda a, b, qu: ref_dino(a, b, qu[0], 0.5, 0.3)),
+    "zero_cl": (lambda a, b, qu: obj.zero_cl_loss(a, b), lambda a, b, qu: ref_zero_cl(a, b)),
 }
 
 
@@ -271,6 +333,13 @@ GRAD_CASES = {
             lambda a, b: ref_co2(a, b, _GQ, 0.2, 0.1, 2.0), (0,)),
     "info_nce": (lambda a, b: obj.info_nce_loss(a, b), lambda a, b: ref_info_nce(a, b), (0,)),
     "byol": (lambda a, b: obj.byol_loss(a, b), lambda a, b: ref_byol(a, b), (0,)),
+    "swav": (lambda a, b: obj.swav_loss(a, b, temperature=0.3, epsilon=0.2),
+             lambda a, b: ref_swav(a, b, 0.3, 0.2, codes=(ref_sinkhorn(_GZ1, 0.2), ref_sinkhorn(_GZ2, 0.2))), (0, 1)),
+    "dino": (lambda a, b: obj.dino_loss(a, b, _GQ[0], student_temperature=0.2, teacher_temperature=0.1),
+             lambda a, b: ref_dino(a, b, _GQ[0], 0.2, 0.1), (0,)),
+    # the whitening matrices are constants (detached, as the official code): held at their value
+    "zero_cl": (lambda a, b: obj.zero_cl_loss(a, b),
+                lambda a, b: ref_zero_cl(a, b, frozen=ref_zero_cl_parts(_GZ1, _GZ2)[2]), (0, 1)),
 }
 
 
@@ -453,7 +522,8 @@ def test_every_name_is_exported_and_the_registry_is_unchanged():
                  "negative_cosine_loss", "barlow_twins_loss", "vicreg_loss", "wmse_loss",
                  "sim_affinity_loss", "sim_whitening_loss", "sim_trace_loss", "symmetry_loss",
                  "affinity_matrix", "embedding_std", "l2_normalize", "whiten", "group_whiten",
-                 "LOSSES", "get_objective"):
+                 "LOSSES", "get_objective", "sinkhorn_knopp", "swav_loss", "swapped_prediction_loss",
+                 "dino_loss", "zero_cl_loss", "zca_whitening_matrix"):
         assert name in obj.__all__ and hasattr(obj, name), name
     assert set(obj.LOSSES) == {"simaffinity", "simwhitening", "simtrace"}
 
@@ -498,6 +568,10 @@ JAX_CASES = {   # name → the call, as source evaluated in the JAX subprocess a
     "barlow_twins": "obj.barlow_twins_loss(a, b)",
     "vicreg": "obj.vicreg_loss(a, b)",
     "wmse": "obj.wmse_loss(a, b, whitening_size=32)",
+    "swav": "obj.swav_loss(a, b, temperature=0.5, epsilon=0.5)",
+    "dino": "obj.dino_loss(a, b, qu[0], student_temperature=0.5, teacher_temperature=0.3)",
+    "zero_cl": "obj.zero_cl_loss(a, b)",
+    "sinkhorn_sum": "obj.sinkhorn_knopp(a * 0.1)[0, 0] + obj.sinkhorn_knopp(a * 0.1)[5, 3]",
 }
 
 
@@ -538,3 +612,96 @@ def test_jax_backend_matches_tensorflow(run_python):
         tf_value = float(eval(call))
         assert rel_err(out[name], tf_value) <= 1e-5, name
     assert rel_err(out["eager_wmse"], float(obj.wmse_loss(z1, z2, whitening_size=32))) <= 1e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# SwAV, DINO, Zero-CL: what the shared cases above do not cover
+# ----------------------------------------------------------------------------------------------
+
+def test_sinkhorn_knopp_matches_swav_algorithm_and_equipartitions():
+    rng = np.random.default_rng(121)
+    z = ref_l2n(rng.normal(size=(48, 16)))
+    c = ref_l2n(rng.normal(size=(10, 16)))
+    scores = z @ c.T                                     # cosines, SwAV's range, at the default ε
+    for iterations in (1, 3, 10):
+        want = ref_sinkhorn(scores, 0.05, iterations)
+        got64 = np.asarray(obj.sinkhorn_knopp(scores, iterations=iterations))
+        got32 = np.asarray(obj.sinkhorn_knopp(scores.astype(np.float32), iterations=iterations))
+        np.testing.assert_allclose(got64, want, rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(got32, want, rtol=2e-4, atol=1e-6)
+        np.testing.assert_allclose(got64.sum(axis=1), 1.0, rtol=1e-12)    # each row a distribution
+    # converged: every prototype gets B/K of the mass
+    np.testing.assert_allclose(np.asarray(obj.sinkhorn_knopp(scores, iterations=200)).sum(axis=0), 48 / 10, rtol=1e-6)
+    # unnormalised scores at ε 0.05 overflow exp() in the reference algorithm, not here
+    big = np.asarray(obj.sinkhorn_knopp((scores * 100).astype(np.float32)))
+    assert np.all(np.isfinite(big)) and np.allclose(big.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_swav_default_settings_match_reference_and_two_directions():
+    rng = np.random.default_rng(122)
+    protos = ref_l2n(rng.normal(size=(20, 8)))
+    z1 = ref_l2n(rng.normal(size=(32, 8)))
+    z2 = ref_l2n(z1 + 0.3 * rng.normal(size=(32, 8)))
+    s1, s2 = z1 @ protos.T, z2 @ protos.T
+    assert rel_err(obj.swav_loss(s1, s2), ref_swav(s1, s2)) <= 1e-10
+    assert rel_err(obj.swav_loss(s1.astype(np.float32), s2.astype(np.float32)), ref_swav(s1, s2)) <= 1e-4
+    # the mean of the two swapped directions (the model's ordered pairs) is swav_loss
+    both = 0.5 * (float(obj.swapped_prediction_loss(s2, s1)) + float(obj.swapped_prediction_loss(s1, s2)))
+    assert both == pytest.approx(float(obj.swav_loss(s1, s2)), rel=1e-12)
+    _, terms = obj.swav_loss(s1, s2, return_terms=True)
+    assert float(terms["cross_entropy"]) == pytest.approx(float(obj.swav_loss(s1, s2)), rel=1e-12)
+
+
+@tf_only
+def test_codes_and_teacher_and_centre_receive_no_gradient():
+    z1, z2, queue = views(123, 16, 8, dtype=np.float64)
+    g_s, g_t = tape_grads(lambda a, b: obj.swapped_prediction_loss(a, b, epsilon=0.5), z1, z2)
+    assert np.abs(g_s).max() > 1e-4 and np.all(g_t == 0)
+    g_q, = tape_grads(lambda a: obj.sinkhorn_knopp(a)[0, 0] + 0.0, z1)
+    assert np.all(g_q == 0)
+    g_s, g_t, g_c = tape_grads(lambda a, b, c: obj.dino_loss(a, b, c), z1, z2, queue[0])
+    assert np.abs(g_s).max() > 1e-4 and np.all(g_t == 0) and np.all(g_c == 0)
+
+
+def test_dino_centre_and_temperatures():
+    z1, z2, queue = views(124, 16, 8, dtype=np.float64)
+    center = queue[0]
+    assert rel_err(obj.dino_loss(z1, z2, center), ref_dino(z1, z2, center)) <= 1e-10
+    assert rel_err(obj.dino_loss(z1, z2, center[None, :]), ref_dino(z1, z2, center)) <= 1e-10
+    # a scalar tensor temperature (the warm-up schedule's value) is accepted
+    tt = ops.convert_to_tensor(0.07, dtype="float64")
+    assert rel_err(obj.dino_loss(z1, z2, center, teacher_temperature=tt), ref_dino(z1, z2, center, 0.1, 0.07)) <= 1e-10
+    # a constant shift of the teacher is what centring removes
+    assert float(obj.dino_loss(z1, z2 + 3.0, center + 3.0)) == pytest.approx(float(obj.dino_loss(z1, z2, center)))
+
+
+def test_zero_cl_terms_match_reference_and_whitening_whitens():
+    z1, z2, _ = views(125, 64, 12, dtype=np.float64)
+    instance, feature, _ = ref_zero_cl_parts(z1, z2)
+    loss, terms = obj.zero_cl_loss(z1, z2, instance_weight=0.5, feature_weight=2.0, return_terms=True)
+    assert float(terms["instance"]) == pytest.approx(instance, rel=1e-10)
+    assert float(terms["feature"]) == pytest.approx(feature, rel=1e-10)
+    assert float(loss) == pytest.approx(0.5 * instance + 2.0 * feature, rel=1e-10)
+    x = (z1 - z1.mean(0)) / z1.std(0)
+    w = np.asarray(obj.zca_whitening_matrix(x, eps=1e-9))
+    np.testing.assert_allclose((x @ w).T @ (x @ w) / 64, np.eye(12), atol=1e-6)
+    np.testing.assert_allclose(w, w.T, atol=1e-12)                   # ZCA: symmetric
+
+
+def test_new_losses_refuse_bad_arguments_naming_them():
+    z, _, queue = views(126, 32, 8)
+    bad = [
+        ("epsilon=0", lambda: obj.sinkhorn_knopp(z, epsilon=0)),
+        ("iterations=0", lambda: obj.sinkhorn_knopp(z, iterations=0)),
+        ("temperature=-1", lambda: obj.swav_loss(z, z, temperature=-1)),
+        ("scores.shape=(32, 8) and target_scores.shape=(32, 7)", lambda: obj.swapped_prediction_loss(z, z[:, :7])),
+        ("teacher_temperature=0.0", lambda: obj.dino_loss(z, z, queue[0], teacher_temperature=0.0)),
+        ("center.shape=(7,)", lambda: obj.dino_loss(z, z, queue[0, :7])),
+        ("center.shape=(2, 8)", lambda: obj.dino_loss(z, z, queue[:2])),
+        ("eps=0.0", lambda: obj.zero_cl_loss(z, z, eps=0.0)),
+        ("feature_weight=-1", lambda: obj.zero_cl_loss(z, z, feature_weight=-1)),
+    ]
+    for expected, call in bad:
+        with pytest.raises(ValueError) as info:
+            call()
+        assert expected in str(info.value), (expected, str(info.value))

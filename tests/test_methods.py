@@ -41,7 +41,7 @@ def build(name):
     options = dict(queue_size=24) if "queue_size" in cls.defaults else dict()
     method = cls(**options)
     enc = encoders.build_encoder("tiny", (16, 16, 1), width=4)
-    proj = heads.projector(16, (32, 8), last_bn=cls.projector_last_bn)
+    proj = method.build_projector(16, (32, 8))
     pred = heads.predictor(8, 16) if method.uses_predictor else None
     return UniCLR(enc, proj, pred, method=method, ema_total_steps=10, num_classes=3)
 
@@ -72,7 +72,8 @@ for name in __NAMES__:
     with tf.GradientTape(persistent=True) as tape:
         _, _, online, target = model._embed(list(VIEWS), training=True)
         # A random projection: the projector's last BN makes plain sums (and sums of squares) constant.
-        weights = np.random.default_rng(1).normal(size=(16, 8)).astype("float32")
+        # (its width is the method's embedding: DINO's head ends with K outputs)
+        weights = np.random.default_rng(1).normal(size=(16, int(target[0].shape[-1]))).astype("float32")
         target_sum = tf.add_n([tf.reduce_sum(tf.cast(t, "float32") * weights) for t in target])
     grads = tape.gradient(target_sum, model.trainable_variables)
     target_grad = sum(float(tf.reduce_sum(tf.abs(g))) for g in grads if g is not None)
@@ -253,3 +254,56 @@ def _tensorboard_tags(folder):
         acc.Reload()
         tags |= set(acc.Tags().get("scalars", [])) | set(acc.Tags().get("tensors", []))
     return tags
+
+
+# ----------------------------------------------------------------------------------------------
+# Method-specific schedules and state (SwAV, DINO): what the registry-driven tests cannot see
+# ----------------------------------------------------------------------------------------------
+
+def _tiny_model(name, steps_per_epoch, **options):
+    import keras
+    from uniclr_tf import encoders
+    from uniclr_tf.model import UniCLR
+    keras.utils.set_random_seed(3)
+    method = methods.create(name, **options)
+    enc = encoders.build_encoder("tiny", (16, 16, 1), width=4)
+    model = UniCLR(enc, method.build_projector(16, (32, 8)), None, method=method, ema_total_steps=10,
+                   steps_per_epoch=steps_per_epoch)
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=(16, 16, 16, 1)).astype("float32")
+    return model, (v, (v + 0.3 * rng.normal(size=v.shape)).astype("float32"), v[:, :8, :8])
+
+
+def test_swav_prototypes_are_frozen_for_the_first_epoch_then_train():
+    model, views = _tiny_model("swav", steps_per_epoch=2, freeze_prototypes_epochs=1.0)
+    protos = model.method_state["prototypes"]
+    assert protos.trainable and any(v is protos for v in model.trainable_variables)
+    before = [np.array(protos.numpy())]
+    for _ in range(3):
+        model.train_on_batch(views)     # two global views and a local crop
+        before.append(np.array(protos.numpy()))
+    assert np.array_equal(before[0], before[1]) and np.array_equal(before[1], before[2])   # epoch 0: frozen
+    assert np.abs(before[3] - before[2]).max() > 1e-6                                     # epoch 1: trained
+    # the codes come from the global views only: 2 ordered global pairs + the local crop against each
+    assert model.view_pairs(3) == [(0, 1), (1, 0), (2, 0), (2, 1)]
+
+
+def test_dino_teacher_temperature_warm_up_and_centre():
+    from uniclr_tf.methods.dino import teacher_temperature
+    # DINO's linspace(0.04, 0.07, 4) per epoch, then 0.07; 5 steps an epoch
+    want = list(np.linspace(0.04, 0.07, 4)) + [0.07, 0.07]
+    got = [float(teacher_temperature(e * 5 + 3, 5, 0.04, 0.07, 4)) for e in range(6)]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert teacher_temperature(7, None, 0.04, 0.07, 4) == 0.07          # no steps_per_epoch: the final value
+    model, views = _tiny_model("dino", steps_per_epoch=1, center_momentum=0.9, num_prototypes=12)
+    assert model.projector.output_shape[-1] == 12 and model.target_projector is not None
+    _, _, _, target = model._embed(list(views), training=True)
+    model.train_on_batch(views)
+    teacher_mean = np.mean(np.concatenate([np.asarray(t) for t in target]), axis=0)
+    np.testing.assert_allclose(np.asarray(model.method_state["center"]), 0.1 * teacher_mean, rtol=1e-4, atol=1e-6)
+    # the head's last layer is weight-normalised: every output unit's weight vector has norm 1
+    layer = model.projector.get_layer("projector_prototypes")
+    kernel = np.asarray(layer.kernel)
+    x = np.random.default_rng(1).normal(size=(4, kernel.shape[0])).astype("float32")
+    np.testing.assert_allclose(np.asarray(layer(x)), x @ (kernel / np.linalg.norm(kernel, axis=0)), rtol=1e-5, atol=1e-6)

@@ -14,7 +14,7 @@ an error naming the flag. View fields left at None take the method's augmentatio
 import dataclasses
 import json
 
-ENCODERS = ("resnet18", "resnet50", "small", "tiny")
+ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small")  # encoders.ENCODERS (no import here)
 OPTIMIZERS = ("lars", "sgd", "adamw")
 PRECISIONS = ("float32", "bfloat16", "float16")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "data_parallel")
@@ -58,6 +58,7 @@ class TrainConfig:
     # network
     encoder: str = "resnet18"
     encoder_width: int = 0  # 0: the architecture's default
+    encoder_stem: str = "auto"  # resnet18: auto (CIFAR stem below 64 px, ImageNet stem above) | cifar | imagenet
     projector_dims: tuple = (2048, 2048, 256)
     predictor_hidden: int = 512
     # method (uniclr_tf.methods) and the options given for it: ((name, value), ...)
@@ -151,6 +152,7 @@ class TrainConfig:
         check(self.image_size == 0 or self.image_size >= 16, "image_size",
               "0 (the dataset's size) or an integer >= 16 (the encoders downsample 8 times)")
         check(self.encoder_width >= 0, "encoder_width", "an integer >= 0")
+        check(self.encoder_stem in ("auto", "cifar", "imagenet"), "encoder_stem", "one of auto, cifar, imagenet")
         check(len(self.projector_dims) >= 1 and all(int(d) > 0 for d in self.projector_dims),
               "projector_dims", "a non-empty list of positive integers")
         check(self.predictor_hidden > 0, "predictor_hidden", "a positive integer")

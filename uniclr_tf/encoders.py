@@ -13,7 +13,10 @@ import contextvars
 import keras
 from keras import layers, ops
 
-ENCODERS = ("resnet18", "resnet50", "small", "tiny")
+ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small")
+STEMS = ("auto", "cifar", "imagenet")
+# Keras Hub ViTs (randomly initialised): (hidden size, layers, heads, MLP size), DeiT-Tiny / -Small.
+VITS = {"vit_tiny": (192, 12, 3, 768), "vit_small": (384, 12, 6, 1536)}
 
 _BN_GROUPS = contextvars.ContextVar("uniclr_tf_bn_groups", default=1)
 
@@ -114,17 +117,25 @@ def _basic_block(x, filters, stride, synchronized, name):
     return layers.ReLU(name=f"{name}_out")(y)
 
 
-def resnet18_cifar(input_shape=(32, 32, 3), width=64, synchronized_bn=False, name="resnet18"):
-    """ResNet-18 with the CIFAR stem (3×3 conv, stride 1, no max-pool), as in the paper's §4.1.
+def resnet18_cifar(input_shape=(32, 32, 3), width=64, synchronized_bn=False, name="resnet18", stem="cifar"):
+    """ResNet-18 with the CIFAR stem (3×3 conv, stride 1, no max-pool), as in the paper's §4.1, or
+    with ``stem="imagenet"`` the ImageNet one (7×7 conv stride 2, 3×3 max-pool stride 2: 4× less
+    spatial work, the choice for ≥ 64 px).
 
     Works from 28×28×1 (Fashion-MNIST) to 32×32×3 (CIFAR) and larger; the feature size is
     ``8 * width`` (512 for the standard width 64).
     """
     inputs = keras.Input(shape=(None, None, input_shape[-1]), name="images")
-    x = layers.Conv2D(width, 3, padding="same", use_bias=False, kernel_initializer="he_normal",
-                      name="stem_conv")(inputs)
+    if stem == "imagenet":
+        x = layers.Conv2D(width, 7, strides=2, padding="same", use_bias=False, kernel_initializer="he_normal",
+                          name="stem_conv")(inputs)
+    else:
+        x = layers.Conv2D(width, 3, padding="same", use_bias=False, kernel_initializer="he_normal",
+                          name="stem_conv")(inputs)
     x = _bn(synchronized_bn, "stem_bn")(x)
     x = layers.ReLU(name="stem_relu")(x)
+    if stem == "imagenet":
+        x = layers.MaxPooling2D(3, strides=2, padding="same", name="stem_pool")(x)
     for stage, mult in enumerate((1, 2, 4, 8)):
         for block in range(2):
             stride = 2 if (stage > 0 and block == 0) else 1
@@ -169,15 +180,64 @@ def resnet50(input_shape=(224, 224, 3), synchronized_bn=False, name="resnet50"):
     return keras.Model(base.inputs, base.outputs, name=name)
 
 
-def build_encoder(name, input_shape, width=None, synchronized_bn=False):
-    """Builds the encoder called ``name`` (one of ``ENCODERS``) for images of ``input_shape``."""
+def resnet18_stem(stem, image_size):
+    """``--encoder_stem``: ``auto`` is the CIFAR stem below 64 px, the ImageNet stem from 64 px."""
+    if stem not in STEMS:
+        raise ValueError(f"--encoder_stem: expected one of {STEMS}; received {stem!r}")
+    if stem == "auto":
+        return "cifar" if image_size < 64 else "imagenet"
+    return stem
+
+
+def vit_patch_size(image_size):
+    """The ViT patch for an image size: 4 below 64 px (28 px: 7×7 patches), 8 below 128, 16 above."""
+    patch = 4 if image_size < 64 else 8 if image_size < 128 else 16
+    if image_size % patch:
+        raise ValueError(f"--image_size={image_size}: a ViT needs a multiple of its patch size {patch} "
+                         "(set --image_size)")
+    return patch
+
+
+@keras.saving.register_keras_serializable(package="uniclr_tf")
+class ClassToken(layers.Layer):
+    """The class token of a ViT's output sequence ``[B, T, D]`` -> ``[B, D]`` (its pooled features)."""
+
+    def call(self, x):
+        return x[:, 0]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+
+def vit(name, input_shape):
+    """A Keras Hub ``ViTBackbone`` (random init: no download), patch from :func:`vit_patch_size`,
+    pooled as its class token after the final layer norm. Its position embeddings fix the input
+    size: global views only (no multi-crop)."""
+    import keras_hub  # a dependency of the hub encoders only (docs/stack.md)
+
+    hidden, depth, heads_, mlp = VITS[name]
+    size = int(input_shape[0])
+    backbone = keras_hub.models.ViTBackbone(image_shape=tuple(input_shape), patch_size=vit_patch_size(size),
+                                            num_layers=depth, num_heads=heads_, hidden_dim=hidden, mlp_dim=mlp,
+                                            use_class_token=True, name=f"{name}_backbone")
+    return keras.Model(backbone.inputs, ClassToken(name="class_token")(backbone.outputs[0]), name=name)
+
+
+def build_encoder(name, input_shape, width=None, synchronized_bn=False, stem="auto"):
+    """Builds the encoder called ``name`` (one of ``ENCODERS``) for images of ``input_shape``;
+    ``stem`` is resnet18's (:func:`resnet18_stem`)."""
     input_shape = tuple(int(d) for d in input_shape)
     if len(input_shape) != 3 or input_shape[-1] not in (1, 3):
         raise ValueError(f"input_shape must be (H, W, C) with C in (1, 3); received {input_shape}")
     if min(input_shape[:2]) < 8:
         raise ValueError(f"images must be at least 8x8 pixels; received input_shape={input_shape}")
     if name == "resnet18":
-        return resnet18_cifar(input_shape, width=width or 64, synchronized_bn=synchronized_bn)
+        return resnet18_cifar(input_shape, width=width or 64, synchronized_bn=synchronized_bn,
+                              stem=resnet18_stem(stem, min(input_shape[:2])))
+    if name in VITS:
+        if width:
+            raise ValueError(f"--encoder_width: {name} has a fixed width; received {width}")
+        return vit(name, input_shape)
     if name == "tiny":
         return tiny_encoder(input_shape, width=width or 16, synchronized_bn=synchronized_bn)
     if name == "small":

@@ -73,6 +73,8 @@ class UniCLR(train_step_mixin(), keras.Model):
         values keep the method's defaults. ``objective``, ``temperature``, ``gamma``, ``eps``,
         ``ema_momentum`` and ``objective_options`` are the older spellings, still accepted.
       ema_total_steps: steps over which a cosine EMA momentum rises to 1 (BYOL's schedule).
+      steps_per_epoch: the steps of an epoch, for methods with schedules in epochs (SwAV's prototype
+        freezing, DINO's teacher temperature warm-up); None: those schedules are off.
       augmenter: optional layer mapping a uint8 batch to a tuple of views inside the train step.
       num_global: how many of the views are global crops (the rest are local crops).
       num_classes: if set, an online linear probe on stop-gradient features is trained.
@@ -85,7 +87,7 @@ class UniCLR(train_step_mixin(), keras.Model):
     def __init__(self, encoder, projector, predictor=None, method=None, options=None, augmenter=None,
                  num_global=2, num_classes=None, gather_across_replicas=True, ema_total_steps=1,
                  objective=None, temperature=None, gamma=None, eps=None, ema_momentum=None,
-                 objective_options=None, name="uniclr", **kwargs):
+                 objective_options=None, steps_per_epoch=None, name="uniclr", **kwargs):
         super().__init__(name=name, **kwargs)
         if num_global < 2:
             raise ValueError(f"num_global must be at least 2; received {num_global}")
@@ -104,6 +106,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         self.num_global = int(num_global)
         self.num_classes = num_classes
         self.gather_across_replicas = bool(gather_across_replicas)
+        self.steps_per_epoch = int(steps_per_epoch) if steps_per_epoch else None
 
         if self.ema_momentum is not None:
             self.target_encoder = _copy_model(encoder, "target_encoder")
@@ -252,7 +255,8 @@ class UniCLR(train_step_mixin(), keras.Model):
         if self.gather_across_replicas:
             online = [self.all_gather(z) for z in online]
             target = [self.all_gather(t) for t in target]
-        results = [self.method.pair_loss(online[i], target[j], self.method_state, *self._symmetric_weight(i, j, online[i]))
+        state = dict(self.method_state, step=self._steps_done(), steps_per_epoch=self.steps_per_epoch)
+        results = [self.method.pair_loss(online[i], target[j], state, *self._symmetric_weight(i, j, online[i]))
                    for i, j in self.view_pairs(len(views))]
         loss = ops.mean(ops.stack([r[0] for r in results]))
         logs = {"objective_loss": loss,
@@ -273,6 +277,12 @@ class UniCLR(train_step_mixin(), keras.Model):
             total = total + probe_loss
         logs["loss"] = total
         return total, logs
+
+    def _steps_done(self):
+        """Optimizer steps done before this one (0 before ``compile``), for the methods' schedules."""
+        if getattr(self, "optimizer", None) is None:
+            return ops.convert_to_tensor(0, dtype="int64")
+        return ops.convert_to_tensor(self.optimizer.iterations)
 
     def _momentum(self, step):
         if self.method.ema_schedule == "constant":

@@ -49,6 +49,8 @@ HELP = {
                         "into memory at load (faster epochs; needed without TensorFlow); larger ones stream from disk "
                         "through tf.data. 0: always stream.",
     "encoder": "Backbone architecture.",
+    "encoder_stem": "resnet18's stem: auto (the CIFAR 3x3 stem below 64 px, the ImageNet 7x7 + max-pool stem "
+                    "from 64 px), cifar or imagenet.",
     "encoder_width": "Base width of resnet18/small/tiny (0: 64 for resnet18, 32 for small, 16 for tiny).",
     "projector_dims": "Projector layer sizes, e.g. 2048,2048,256 (CIFAR) or 2048,2048,2048 (ImageNet).",
     "predictor_hidden": "Hidden size of the predictor (methods with one: byol, simsiam, moco_v3, or --predictor).",
@@ -179,14 +181,14 @@ def build_model(cfg, info, augmenter=None, devices=1):
     groups = devices if cfg.batch_norm == "per_device" and keras.backend.backend() == "jax" else 1
     with encoders.batch_norm_groups(groups):
         encoder = encoders.build_encoder(cfg.encoder, (size, size, info.image_shape[-1]),
-                                         width=cfg.encoder_width or None, synchronized_bn=synchronized_bn)
+                                         width=cfg.encoder_width or None, synchronized_bn=synchronized_bn,
+                                         stem=cfg.encoder_stem)
         feat = encoder.output_shape[-1]
-        proj = heads.projector(feat, cfg.projector_dims, synchronized_bn=synchronized_bn,
-                               last_bn=method.projector_last_bn)
+        proj = method.build_projector(feat, cfg.projector_dims, synchronized_bn=synchronized_bn)
         pred = (heads.predictor(cfg.projector_dims[-1], cfg.predictor_hidden, synchronized_bn)
                 if method.uses_predictor else None)
     return UniCLR(encoder, proj, pred, method=method, augmenter=augmenter, num_global=2,
-                  ema_total_steps=cfg.epochs * max(cfg.steps_per_epoch, 1),
+                  ema_total_steps=cfg.epochs * max(cfg.steps_per_epoch, 1), steps_per_epoch=max(cfg.steps_per_epoch, 1),
                   gather_across_replicas=cfg.gather_across_replicas,
                   num_classes=info.num_classes if cfg.online_probe and info.num_classes else None)
 

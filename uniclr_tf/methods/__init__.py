@@ -25,6 +25,9 @@ REGISTRY = {
     "vicreg": "vicreg:VICReg",
     "wmse": "wmse:WMSE",
     "co2": "co2:CO2",
+    "swav": "swav:SwAV",
+    "dino": "dino:DINO",
+    "zero_cl": "zero_cl:ZeroCL",
 }
 
 __all__ = ["COMMON_OPTIONS", "Method", "Option", "REGISTRY", "create", "get", "names", "option_specs"]

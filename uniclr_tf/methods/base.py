@@ -10,7 +10,13 @@ A method declares, and the model (:class:`uniclr_tf.model.UniCLR`) wires:
 * its target branch, ``target``: ``"same"`` (the online projector output, gradient flows),
   ``"stop_gradient"`` (the same, detached: SimSiam) or ``"ema"`` (a momentum copy of encoder and
   projector: BYOL, MoCo); a method with an ``ema_momentum`` option gets an EMA target when it is > 0;
-* per-step state other than the EMA: ``uses_queue`` (MoCo's FIFO queue of past target embeddings);
+* per-step state other than the EMA: ``uses_queue`` (MoCo's FIFO queue of past target embeddings),
+  or its own ``build_state`` / ``update_state`` (DINO's centre; SwAV's prototypes, trainable
+  weights of the model that the method owns); ``pair_loss`` also finds ``state["step"]`` (the
+  optimizer steps done, 0 before compile) and ``state["steps_per_epoch"]`` (None when the model was
+  not told) for schedules in epochs (SwAV's prototype freezing, DINO's teacher temperature);
+* ``build_projector``: the projector head (default: the MLP of ``heads.projector``; DINO's ends
+  with its weight-normalised prototype layer, so that the EMA teacher copies it);
 * ``views``: the name of its augmentation recipe in :data:`uniclr_tf.augment.RECIPES`;
 * ``defaults``: its options and their default values. Options shared by several methods
   (temperature, EMA momentum, ...) are described once in :data:`COMMON_OPTIONS`; an option new to
@@ -33,7 +39,7 @@ from typing import Any, Callable
 
 from keras import ops
 
-from uniclr_tf import objectives
+from uniclr_tf import heads, objectives
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +93,8 @@ COMMON_OPTIONS = {
     "predictor": Option(bool, "Add the asymmetric predictor on the online branch."),
     "queue_size": Option(int, "Number of past target embeddings kept as negatives (MoCo's queue).",
                          _positive, "an integer > 0"),
+    "num_prototypes": Option(int, "Number K of prototypes (SwAV) / outputs of the head's last layer (DINO).",
+                             _positive, "an integer > 0"),
 }
 
 
@@ -201,6 +209,13 @@ class Method:
         """Lines warning of a set-up that is valid but was measured not to learn (printed before
         training); empty for most."""
         return []
+
+    # --- heads -------------------------------------------------------------------------------
+    def build_projector(self, input_dim, dims, synchronized_bn=False):
+        """The projector head, features ``[B, input_dim]`` -> embeddings: the MLP of
+        :func:`uniclr_tf.heads.projector` with ``dims`` (BN after the last layer or not, as
+        ``projector_last_bn`` says); a method with another head overrides this."""
+        return heads.projector(input_dim, dims, synchronized_bn=synchronized_bn, last_bn=self.projector_last_bn)
 
     # --- per-step state ----------------------------------------------------------------------
     def build_state(self, model, embedding_dim):

@@ -9,7 +9,8 @@ Rows are samples: embeddings are ``[N, D]``. Every loss returns a scalar mean ov
   and the registry :data:`LOSSES` / :func:`get_objective` (the three UniCLR names only).
 * :mod:`~uniclr_tf.objectives.contrastive`: SimCLR's NT-Xent, MoCo's InfoNCE, CO2.
 * :mod:`~uniclr_tf.objectives.asymmetric`: BYOL, SimSiam's negative cosine.
-* :mod:`~uniclr_tf.objectives.redundancy`: Barlow Twins, VICReg, W-MSE.
+* :mod:`~uniclr_tf.objectives.redundancy`: Barlow Twins, VICReg, W-MSE, Zero-CL.
+* :mod:`~uniclr_tf.objectives.clustering`: SwAV's Sinkhorn-Knopp and swapped prediction, DINO.
 
 The whitening maths is in :mod:`uniclr_tf.whitening` (``whiten`` and ``group_whiten`` are
 re-exported here), the generic tensor helpers in :mod:`uniclr_tf.tensors`.
@@ -17,6 +18,10 @@ re-exported here), the generic tensor helpers in :mod:`uniclr_tf.tensors`.
 
 from uniclr_tf.objectives.asymmetric import byol_loss
 from uniclr_tf.objectives.asymmetric import negative_cosine_loss
+from uniclr_tf.objectives.clustering import dino_loss
+from uniclr_tf.objectives.clustering import sinkhorn_knopp
+from uniclr_tf.objectives.clustering import swapped_prediction_loss
+from uniclr_tf.objectives.clustering import swav_loss
 from uniclr_tf.objectives.contrastive import co2_consistency
 from uniclr_tf.objectives.contrastive import co2_loss
 from uniclr_tf.objectives.contrastive import info_nce_loss
@@ -24,6 +29,8 @@ from uniclr_tf.objectives.contrastive import nt_xent_loss
 from uniclr_tf.objectives.redundancy import barlow_twins_loss
 from uniclr_tf.objectives.redundancy import vicreg_loss
 from uniclr_tf.objectives.redundancy import wmse_loss
+from uniclr_tf.objectives.redundancy import zca_whitening_matrix
+from uniclr_tf.objectives.redundancy import zero_cl_loss
 from uniclr_tf.objectives.uniclr import LOSSES
 from uniclr_tf.objectives.uniclr import WHITENING_MODES
 from uniclr_tf.objectives.uniclr import affinity_matrix
@@ -45,6 +52,7 @@ __all__ = [
     "byol_loss",
     "co2_consistency",
     "co2_loss",
+    "dino_loss",
     "embedding_std",
     "get_objective",
     "group_whiten",
@@ -55,8 +63,13 @@ __all__ = [
     "sim_affinity_loss",
     "sim_trace_loss",
     "sim_whitening_loss",
+    "sinkhorn_knopp",
+    "swapped_prediction_loss",
+    "swav_loss",
     "symmetry_loss",
     "vicreg_loss",
     "whiten",
     "wmse_loss",
+    "zca_whitening_matrix",
+    "zero_cl_loss",
 ]

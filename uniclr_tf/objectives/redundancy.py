@@ -12,22 +12,28 @@ finite gradients.
 Barlow Twins    ``Σ_i (1 − C_ii)² + λ Σ_{i≠j} C_ij²``, ``C = ẑ1ᵀ ẑ2 / N`` of batch-standardised views
 VICReg          ``λ·inv + μ·var + ν·cov`` (invariance, variance hinge, covariance decorrelation)
 W-MSE           ``(1/N) Σ_i 2 − 2 cos(w1_i, w2_i)``, each view Cholesky-whitened per sub-batch
+Zero-CL         ``Σ_n (c_nn − 1)² + Σ_i (C_ii − 1)²`` of ZCA-whitened views, instance- and feature-wise
 ==============  ===================================================================================
 """
 
+import keras
 from keras import ops
 
 from uniclr_tf.objectives.uniclr import l2_normalize
 from uniclr_tf.tensors import as_dtype
 from uniclr_tf.tensors import check_embedding_pair
 from uniclr_tf.tensors import check_non_negative
+from uniclr_tf.tensors import check_positive
 from uniclr_tf.tensors import static_shape
+from uniclr_tf.whitening import gram
 from uniclr_tf.whitening import subbatch_whiten
 
 __all__ = [
     "barlow_twins_loss",
     "vicreg_loss",
     "wmse_loss",
+    "zca_whitening_matrix",
+    "zero_cl_loss",
 ]
 
 _BARLOW_BN_EPS = 1e-5    # BatchNorm1d(affine=False)'s ε, as the Barlow Twins code
@@ -168,3 +174,94 @@ def wmse_loss(z1, z2, eps=1e-4, whitening_size=128, return_terms=False):
     w2 = subbatch_whiten(z2, whitening_size, eps=eps, name="z2")
     loss = ops.mean(2.0 - 2.0 * ops.sum(l2_normalize(w1) * l2_normalize(w2), axis=1))
     return (loss, {"distance": loss}) if return_terms else loss
+
+
+# ----------------------------------------------------------------------------------------------
+# Zero-CL
+# ----------------------------------------------------------------------------------------------
+
+_ZERO_CL_STD_EPS = 1e-4       # official code: (x − μ) / (σ + 1e-4), σ the unbiased standard deviation
+_ZERO_CL_VAR_FLOOR = 1e-12    # σ = sqrt(max(var, 1e-12)): finite gradients for a constant row / column
+
+
+def _matmul(a, b):
+    """``a @ b`` at the highest matmul precision on JAX (no TF32 / bf16 passes); plain elsewhere."""
+    if keras.backend.backend() == "jax":
+        import jax  # backend-specific branch, only under the JAX backend
+
+        return jax.numpy.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+    return ops.matmul(a, b)
+
+
+def _standardise(z, axis):
+    """Zero-CL's ``standardization``: ``(z − mean) / (std + 1e-4)`` along ``axis``, unbiased std."""
+    n = ops.cast(ops.shape(z)[axis], z.dtype)
+    centred = z - ops.mean(z, axis=axis, keepdims=True)
+    var = ops.sum(ops.square(centred), axis=axis, keepdims=True) / (n - 1.0)
+    std = ops.sqrt(ops.maximum(var, as_dtype(_ZERO_CL_VAR_FLOOR, z.dtype)))
+    return centred / (std + as_dtype(_ZERO_CL_STD_EPS, z.dtype))
+
+
+def zca_whitening_matrix(x, eps=0.01):
+    """ZCA whitening matrix of the rows of ``x`` ``[M, d]``: ``U diag(1/sqrt(S + ε)) Uᵀ`` with
+    ``Σ = xᵀx / M = U diag(S) Uᵀ`` (no centring: Zero-CL standardises first). A constant: no gradient
+    flows through it (the official code ``detach``es it). Float32 or wider, eigendecomposition of the
+    symmetric Σ (the official code's SVD of a symmetric PSD matrix gives the same U, S)."""
+    check_positive(eps, "eps")
+    x = ops.stop_gradient(x)
+    cov = gram(x) / ops.cast(ops.shape(x)[0], x.dtype)
+    values, vectors = ops.eigh(0.5 * (cov + ops.transpose(cov)))
+    scale = ops.rsqrt(ops.maximum(values, 0.0) + as_dtype(eps, x.dtype))
+    return ops.stop_gradient(_matmul(vectors * scale[None, :], ops.transpose(vectors)))
+
+
+def zero_cl_loss(z1, z2, eps=0.01, instance_weight=1.0, feature_weight=1.0, return_terms=False):
+    """Zero-CL (Zhang et al., ICLR 2022, arXiv 2111.14521; official code ``main.py``'s ``ins_loss``
+    and ``fea_loss``): instance-wise and feature-wise whitening, symmetric, no negatives.
+
+    * Feature-wise (Zero-FCL): each view standardised per feature over the batch, ZCA-whitened over
+      the D features (``Σ = ẑᵀẑ / N``, ``W = U(S + ε)^-½Uᵀ``), ``C = w1ᵀ w2 / N`` (``[D, D]``),
+      ``feature = Σ_i (C_ii − 1)²``.
+    * Instance-wise (Zero-ICL): each view standardised per sample over its features, then the same
+      ZCA whitening with samples and features swapped (``[N, N]`` covariance over the D features),
+      ``c = w1 w2ᵀ / D`` (``[N, N]``), ``instance = Σ_n (c_nn − 1)²``.
+    * ``loss = instance_weight · instance + feature_weight · feature`` (the paper's hybrid Zero-CL).
+
+    Choices of the official code followed: the standardisation uses the unbiased std plus 1e-4, the
+    covariance divides by the number of rows (biased), ε = 0.01 is added to the eigenvalues, the
+    whitening matrix is a constant (``detach``), only the diagonal of the cross-correlation enters
+    (the whitening itself decorrelates), sums over the diagonal (not means). One change: the
+    official code whitens each GPU's batch and all-reduces ``C``; here the model gathers the rows of
+    every replica first, so the whitening and ``C`` are those of the global batch (one device and
+    two replicas give the same loss). The std has a floor (``sqrt(max(var, 1e-12))``) so a collapsed
+    batch gives finite gradients.
+
+    Args:
+        z1, z2: ``[N, D]`` projector outputs of the two views.
+        eps: ε > 0 added to the eigenvalues of the covariance.
+        instance_weight, feature_weight: >= 0, the weights of the two terms.
+        return_terms: also return ``{"instance": ..., "feature": ...}`` (unweighted).
+
+    Returns:
+        Scalar, float32 (float64 for float64 inputs); with ``return_terms``, ``(loss, terms)``.
+    """
+    check_positive(eps, "eps")
+    check_non_negative(instance_weight, "instance_weight")
+    check_non_negative(feature_weight, "feature_weight")
+    z1, z2, dtype = check_embedding_pair(z1, z2)
+
+    def whitened(z, axis):
+        s = _standardise(z, axis)
+        if axis == 0:                       # features: rows are samples
+            return _matmul(s, zca_whitening_matrix(s, eps))
+        t = ops.transpose(s)                # instances: rows are features
+        return ops.transpose(_matmul(t, zca_whitening_matrix(t, eps)))
+
+    n = ops.cast(ops.shape(z1)[0], dtype)
+    d = ops.cast(ops.shape(z1)[1], dtype)
+    f1, f2 = whitened(z1, 0), whitened(z2, 0)
+    feature = ops.sum(ops.square(ops.sum(f1 * f2, axis=0) / n - 1.0))
+    i1, i2 = whitened(z1, 1), whitened(z2, 1)
+    instance = ops.sum(ops.square(ops.sum(i1 * i2, axis=1) / d - 1.0))
+    loss = as_dtype(instance_weight, dtype) * instance + as_dtype(feature_weight, dtype) * feature
+    return (loss, {"instance": instance, "feature": feature}) if return_terms else loss
