@@ -98,10 +98,15 @@ def check_images(images, channels):
     return array
 
 
-def check_run_dir(run_dir):
+def check_run_dir(run_dir, force=False):
     """The :class:`uniclr_tf.runs.RunFolder` of ``run_dir``; raises ``RunFolderError`` (a
-    ``ValueError``, one line naming the folder and the missing file) unless it holds ``RUN_FILES``."""
-    return RunFolder(run_dir, require=RUN_FILES)
+    ``ValueError``, one line naming the folder and the missing file) unless it holds ``RUN_FILES``,
+    or when its ``metrics.json`` says the run collapsed (unless ``force``)."""
+    folder = RunFolder(run_dir, require=RUN_FILES)
+    if not force and folder.has("metrics.json") and folder.read_json("metrics.json").get("status") == "collapsed":
+        raise folder.error("metrics.json", "says the run collapsed: its encoder would serve a collapsed "
+                                           "representation; pass --force to export it anyway")
+    return folder
 
 
 def find_saved_model(export_dir):
@@ -291,7 +296,7 @@ def load_run(run_dir):
     return encoder, projector, folder.eval_preprocess(), info
 
 
-def export_run(run_dir, out_dir, version=None, overwrite=False):
+def export_run(run_dir, out_dir, version=None, overwrite=False, force=False):
     """Exports the run folder ``run_dir`` to ``out_dir``; returns the ``export.json`` dict.
 
     Writes the SavedModel to ``out_dir`` (or ``out_dir/<version>`` when ``version`` is given, the
@@ -300,7 +305,7 @@ def export_run(run_dir, out_dir, version=None, overwrite=False):
     ``overwrite``, which replaces it entirely; it is written into a temporary sibling folder and
     renamed into place at the end (see the module docstring).
     """
-    folder = check_run_dir(run_dir)
+    folder = check_run_dir(run_dir, force=force)
     if version is not None and (not isinstance(version, int) or version < 1):
         raise ValueError(f"version must be a positive int (TF Serving's version folder); received {version!r}")
     check_export_target(out_dir, version, overwrite, run_dir)  # before the slow work
@@ -472,6 +477,8 @@ def define_flags(flag_values=None):
                         "or empty unless --overwrite.", flag_values=fv)
     flags.DEFINE_boolean("overwrite", False, "Replace a non-empty --out (with --version: a non-empty "
                          "<out>/<version>) entirely; without it such a folder is refused.", flag_values=fv)
+    flags.DEFINE_boolean("force", False, "Export a run whose metrics.json says it collapsed (refused otherwise).",
+                         flag_values=fv)
     flags.DEFINE_integer("version", 0, "Write the SavedModel into <out>/<version> (TF Serving's numbered "
                          "layout); 0 writes it into <out> itself.", lower_bound=0, flag_values=fv)
     flags.DEFINE_string("check", None, "Instead of exporting: reload the export folder in this process "
@@ -506,7 +513,8 @@ def main(argv):
             if not result["ok"]:
                 sys.exit(1)
         else:
-            meta = export_run(fv.run_dir, fv.out, version=fv.version or None, overwrite=fv.overwrite)
+            meta = export_run(fv.run_dir, fv.out, version=fv.version or None, overwrite=fv.overwrite,
+                              force=fv.force)
             where = os.path.join(fv.out, meta["saved_model_dir"]) if fv.version else fv.out
             c, (h, w) = meta["channels"], meta["image_size"]
             print(f"SavedModel: {where} ({SIGNATURE}: {INPUT_NAME} uint8 [batch, height, width, {c}] "

@@ -503,6 +503,9 @@ def _run(cfg, held):
             raise
         except TrainingCollapsed as e:  # a run that looks finished must not be one that collapsed
             history.write()
+            # its encoder as it is (export and release refuse it unless --force), as a stopped run's
+            runs.atomic_save(os.path.join(run_dir, "encoder.keras"), model.encoder.save)
+            runs.atomic_save(os.path.join(run_dir, "projector.keras"), model.projector.save)
             _record_failure(run_dir, cfg, "collapsed", str(e), progress, signal=e.signal,
                             healthy_epoch=e.healthy_epoch)
             raise

@@ -89,7 +89,7 @@ def _non_finite(value, path=""):
     return []
 
 
-def check_run(run_dir, saved_model=True):
+def check_run(run_dir, saved_model=True, force=False):
     """``(RunFolder, metrics dict)`` of a run folder that can be released.
 
     Raises :class:`uniclr_tf.runs.RunFolderError` (one line naming the folder and the file) when the
@@ -104,7 +104,10 @@ def check_run(run_dir, saved_model=True):
                              f"and finish it)")
     metrics = folder.read_json(METRICS_FILE)
     status = metrics.get("status", "finished")  # as uniclr_tf.train reads it (runs older than the field)
-    if status != "finished":
+    if status == "collapsed" and not force:
+        raise folder.error(METRICS_FILE, "says the run collapsed: its encoder holds a collapsed representation; pass "
+                                         "--force to release it anyway")
+    if status not in ("finished", "collapsed"):
         reason = f" ({metrics['reason']})" if metrics.get("reason") else ""
         raise folder.error(METRICS_FILE, f"says status {status!r}{reason}, not 'finished': only a finished run is "
                                          f"released (rerun its training command to resume and finish it)")
@@ -342,13 +345,13 @@ def sha256sums(root):
 # --------------------------------------------------------------------------------------------
 
 
-def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print):
+def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print, force=False):
     """Writes the release of the finished run ``run_dir`` to ``out_dir`` (see the module docstring);
     returns ``{"out", "files": {relative path: size in bytes}, "knn_top1", "saved_model",
     "plain_bn_layers"}`` (``saved_model``: None when written, else why not). Raises ``RunFolderError``
     / ``ValueError`` (refusals, before anything is written) or ``RuntimeError`` (a self-check failed:
     nothing is put in place)."""
-    folder, metrics = check_run(run_dir, saved_model)
+    folder, metrics = check_run(run_dir, saved_model, force=force)
     target = export.check_export_target(out_dir, None, overwrite, run_dir, what="release folder")
     config = folder.config
     linear = folder.read_json(LINEAR_EVAL_FILE) if folder.has(LINEAR_EVAL_FILE) else None
@@ -386,7 +389,7 @@ def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print):
                                f"(max abs, {NUM_CHECK_IMAGES} images): nothing released")
         if why_not is None:
             sm_dir = os.path.join(staging, SAVED_MODEL_DIR)
-            meta = export.export_run(run_dir, sm_dir)
+            meta = export.export_run(run_dir, sm_dir, force=force)
             os.remove(os.path.join(sm_dir, BACKBONE_FILE))  # the release's own, one level up
             atomic_write_json(os.path.join(sm_dir, export.EXPORT_JSON),
                               {**meta, "backbone": f"../{BACKBONE_FILE}", "saved_model_dir": "."})
@@ -430,6 +433,8 @@ def define_flags(flag_values=None):
                         flag_values=fv)
     flags.DEFINE_boolean("overwrite", False, "Replace a non-empty --out entirely (once the new release is "
                          "complete); without it such a folder is refused.", flag_values=fv)
+    flags.DEFINE_boolean("force", False, "Release a run whose metrics.json says it collapsed (refused otherwise).",
+                         flag_values=fv)
     flags.DEFINE_boolean("saved_model", True, "Also write saved_model/ (the TF SavedModel of uniclr_tf.export; "
                          "needs TensorFlow: left out with a note where it is not installed).", flag_values=fv)
 
@@ -443,7 +448,8 @@ def main(argv):
     if not fv.out:
         sys.exit("error: --out is required (the release folder to write)")
     try:
-        result = release_run(fv.run_dir, fv.out, overwrite=fv.overwrite, saved_model=fv.saved_model)
+        result = release_run(fv.run_dir, fv.out, overwrite=fv.overwrite, saved_model=fv.saved_model,
+                             force=fv.force)
     except (OSError, ValueError, RuntimeError) as e:
         sys.exit(f"error: {e}")
     total = sum(result["files"].values())
