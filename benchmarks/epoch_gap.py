@@ -57,7 +57,7 @@ def instrument(variant):
     except ImportError:
         pass
     _timed(callback_list.CallbackList, "on_epoch_begin", "on_epoch_begin, every callback")
-    for cls in (callbacks.KNNMonitor, callbacks.HistoryRecorder, callbacks.CollapseWarning, backup.BackupCallback,
+    for cls in (callbacks.KNNMonitor, callbacks.HistoryRecorder, callbacks.CollapseDetector, backup.BackupCallback,
                 progbar_logger.ProgbarLogger, history.History):
         _timed(cls, "on_epoch_end", f"{cls.__name__}.on_epoch_end")
     _timed(backup, "snapshot", "  of which backup.snapshot")

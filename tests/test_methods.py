@@ -150,13 +150,17 @@ def test_options_the_method_does_not_take_are_refused(name):
     assert resolved.options == methods.create(name).options
 
 
-def test_simaffinity_with_an_ema_target_no_predictor_and_a_symmetric_loss_is_warned_of():
-    """The one set-up measured not to learn (docs/results/reproduction.md) is warned of, and only it."""
-    warned = methods.create("simaffinity", ema_momentum=0.99).setup_warnings()
-    assert len(warned) == 1 and "--gamma=0" in warned[0] and "--predictor" in warned[0]
-    for options in ({}, {"ema_momentum": 0.99, "predictor": True}, {"ema_momentum": 0.99, "symmetric_loss_weight": 0.0},
+def test_the_set_ups_measured_to_collapse_are_warned_of():
+    """SimAffinity + EMA target, no predictor, γ on every pair, and SimCLR + γ collapsed in the study
+    (docs/results/reproduction.md): they, and only they, are warned of."""
+    warned = methods.create("simaffinity", ema_momentum=0.99, symmetric_pairs="all").setup_warnings()
+    assert len(warned) == 1 and "--symmetric_pairs=all" in warned[0] and "--predictor" in warned[0]
+    for options in ({}, {"ema_momentum": 0.99}, {"ema_momentum": 0.99, "predictor": True, "symmetric_pairs": "all"},
+                    {"ema_momentum": 0.99, "symmetric_loss_weight": 0.0, "symmetric_pairs": "all"},
                     {"symmetric_loss_weight": 0.5}):
         assert methods.create("simaffinity", **options).setup_warnings() == [], options
+    simclr = methods.create("simclr", symmetric_loss_weight=0.01).setup_warnings()
+    assert len(simclr) == 1 and "collapse detector" in simclr[0]
     assert all(methods.create(n).setup_warnings() == [] for n in NAMES)  # each method's defaults
 
 

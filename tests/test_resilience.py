@@ -279,15 +279,6 @@ def test_whitening_with_too_few_rows_is_refused_unless_made_well_posed():
     TrainConfig.make(method="simaffinity", projector_dims=(64, 512), batch_size=16)  # no whitening
 
 
-def test_collapse_warning(capsys):
-    from uniclr_tf.callbacks import CollapseWarning
-    warn = CollapseWarning(embedding_dim=256)
-    warn.on_epoch_end(0, {"embedding_std": 1 / 16})
-    assert capsys.readouterr().out == ""
-    warn.on_epoch_end(4, {"embedding_std": 1e-4})
-    assert "epoch 5: the embeddings are collapsing" in capsys.readouterr().out
-
-
 def test_history_files_are_written_in_the_background_and_before_the_epochs_backup(tmp_path, monkeypatch):
     """The epoch end does not wait for history.json / log.csv (fsync'd writes); the backup writer
     waits for them before it writes the epoch's backup, so history >= backup at any kill."""

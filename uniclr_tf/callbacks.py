@@ -157,9 +157,11 @@ class CollapseDetector(keras.callbacks.Callback):
       spread out) below ``std_fraction / sqrt(D)`` after the first epoch. Healthy runs stayed above
       0.14/sqrt(D) (the whitening objectives, whose projector outputs are low-rank before whitening,
       are the lowest); SimCLR with a symmetric loss that collapsed it fell to 0.008/sqrt(D).
-    * ``knn``: a kNN-monitor reading below the raw-pixel kNN baseline by more than ``knn_margin``, once
-      the warm-up is over or once the reading fell that far below the run's best. Collapsed runs read
-      0.38-0.58 against a raw-pixel 0.79; healthy ones never fell 0.10 below it after their warm-up.
+    * ``knn``: a kNN-monitor reading below the raw-pixel kNN baseline by more than ``knn_margin``,
+      once the warm-up (and at least ``min_epochs`` epochs) is over, or once the reading fell that far
+      below the run's best. Collapsed runs read 0.38-0.58 against a raw-pixel 0.79; healthy ones never
+      fell 0.10 below it after their warm-up. (An encoder that has not learned yet, a few steps into a
+      run, can read far below raw pixels without a drop: it is not stopped.)
 
     At every kNN reading that passes, the backup of that epoch (or the latest before it) is kept aside
     in ``RUN/healthy/backup/`` (hard links: no copy), so a collapsed run can be restarted from before
@@ -168,14 +170,14 @@ class CollapseDetector(keras.callbacks.Callback):
     """
 
     def __init__(self, embedding_dim, raw_pixel_top1=None, warmup_epochs=0, on_collapse="stop", run_dir=None,
-                 writer=None, std_fraction=0.02, knn_margin=0.10):
+                 writer=None, std_fraction=0.02, knn_margin=0.10, min_epochs=5):
         super().__init__()
         self.healthy_std = 1.0 / math.sqrt(embedding_dim)
         self.raw = raw_pixel_top1
         self.warmup_epochs = float(warmup_epochs)
         self.on_collapse = on_collapse
         self.run_dir, self.writer = run_dir, writer
-        self.std_fraction, self.knn_margin = std_fraction, knn_margin
+        self.std_fraction, self.knn_margin, self.min_epochs = std_fraction, knn_margin, min_epochs
         self.best_knn = None
         self.healthy_epoch = None  # the last epoch whose kNN reading passed
 
@@ -192,7 +194,7 @@ class CollapseDetector(keras.callbacks.Callback):
         knn = float(knn)
         low = knn < self.raw - self.knn_margin
         dropped = self.best_knn is not None and knn < self.best_knn - self.knn_margin
-        if low and (epoch + 1 > self.warmup_epochs or dropped):
+        if low and (epoch + 1 > max(self.warmup_epochs, self.min_epochs) or dropped):
             best = f", down from {self.best_knn:.4f}" if self.best_knn is not None else ""
             return (f"kNN top-1 {knn:.4f}{best}, more than {self.knn_margin:.2f} below the raw-pixel baseline "
                     f"{self.raw:.4f}")

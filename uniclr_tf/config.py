@@ -92,6 +92,8 @@ class TrainConfig:
     knn_max_train: int = 0  # 0: the whole training split as the kNN memory bank
     online_probe: bool = True
     on_collapse: str = "stop"  # stop | warn (uniclr_tf.callbacks.CollapseDetector)
+    collapse_knn_margin: float = 0.10  # the kNN signal: this far below raw pixels (and below the run's best)
+    collapse_std_fraction: float = 0.02  # the std signal: embedding std below this fraction of 1/sqrt(D)
     # system
     augment_on: str = "host"
     precision: str = "float32"
@@ -180,6 +182,8 @@ class TrainConfig:
         check(self.warmup_epochs <= self.epochs, "warmup_epochs", f"at most --epochs={self.epochs}")
         check(0 <= self.stop_at_epoch <= self.epochs, "stop_at_epoch", f"an integer in [0, --epochs={self.epochs}]")
         check(self.on_collapse in ON_COLLAPSE, "on_collapse", f"one of {ON_COLLAPSE}")
+        check(0 < self.collapse_knn_margin < 1, "collapse_knn_margin", "a number in (0, 1)")
+        check(0 < self.collapse_std_fraction < 1, "collapse_std_fraction", "a number in (0, 1)")
         check(self.batch_size >= 2, "batch_size", "an integer >= 2 (contrastive losses need negatives)")
         check(self.steps_per_epoch >= 0, "steps_per_epoch", "an integer >= 0")
         check(self.knn_k >= 1, "knn_k", "an integer >= 1")

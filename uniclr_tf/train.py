@@ -78,6 +78,10 @@ HELP = {
     "resume_from": "A new run starts from the backup in this folder (its backup/ subfolder: weights, optimizer state, "
                    "step), e.g. RUN/healthy, the last healthy state a collapsed run kept; the flags may differ from "
                    "that run's (the network must be the same). Ignored when the run folder already holds a run.",
+    "collapse_knn_margin": "The collapse detector's kNN signal: a kNN-monitor reading this far below the raw-pixel "
+                           "baseline, after the warm-up (and 5 epochs) or this far below the run's best reading.",
+    "collapse_std_fraction": "The collapse detector's std signal: the embedding std (of the l2-normalised projector "
+                             "outputs) below this fraction of the 1/sqrt(D) of spread-out embeddings.",
     "on_collapse": "What a detected collapse does (the embedding std, or the kNN monitor against the raw-pixel "
                    "baseline, see docs): stop (exit 3, metrics.json status 'collapsed', the last healthy backup "
                    "kept) or warn and go on.",
@@ -470,7 +474,9 @@ def _run(cfg, held):
             # (the kNN monitor runs on process 0 alone: in a job of several processes it only warns)
             on_collapse = cfg.on_collapse if num_processes == 1 else "warn"
             callbacks.append(CollapseDetector(int(cfg.projector_dims[-1]), raw["top1"] if raw else None,
-                                              cfg.warmup_epochs, on_collapse, run_dir, writer))
+                                              cfg.warmup_epochs, on_collapse, run_dir, writer,
+                                              knn_margin=cfg.collapse_knn_margin,
+                                              std_fraction=cfg.collapse_std_fraction))
         verbose = cfg.verbose or (1 if sys.stdout.isatty() else 2)
         print(f"run folder: {run_dir}" + _resume_note(state, cfg.epochs)
               + f"\nmethod: {method!r}, logging {', '.join(method.terms)}\n"

@@ -21,3 +21,10 @@ class SimCLR(Method):
         loss, terms = objectives.nt_xent_loss(online, target, temperature=self.options["temperature"],
                                               return_terms=True)
         return self.with_symmetry(loss, terms, online, target, gamma)
+
+    def setup_warnings(self):
+        if self.options["symmetric_loss_weight"] > 0:
+            return ["warning: SimCLR with the symmetric loss (--gamma > 0) collapsed in every seed of this project's "
+                    "Fashion-MNIST study, also on the global pair only (docs/results/reproduction.md); the "
+                    "collapse detector will stop it (--on_collapse)"]
+        return []
