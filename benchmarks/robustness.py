@@ -5,7 +5,8 @@ its own schedule (``--stop_at_epoch``), one plan for :mod:`benchmarks.study`, an
     python benchmarks/robustness.py table OUT                                   # the table of a study's OUT
 
 A seed fails when its run collapsed (the train CLI's collapse detector stopped it: ``metrics.json``
-status ``collapsed``, exit 3), diverged, or ended below the raw-pixel kNN baseline. The table prints,
+status ``collapsed``, exit 3), diverged, or ended below the raw-pixel kNN baseline; a run stopped by
+the study's time limit is not counted (rerunning the command finishes it). The table prints,
 per config: seeds run, seeds failed, kNN top-1 at the end (epoch 30) min / mean / max, and the
 raw-pixel baseline. ``benchmarks/study/robustness.sh`` runs the plan on a GPU machine and prints it.
 """
@@ -66,8 +67,10 @@ def table(out):
             if m is None:
                 continue
             raw = m.get("raw_pixel_knn_top1", raw)
-            if m.get("status") != "finished":
+            if m.get("status") in ("collapsed", "diverged"):
                 failed.append(f"s{seed} {m.get('status')} @{m.get('epoch', '?')}")
+                continue
+            if m.get("status") != "finished":  # stopped by the time limit: resumes on the next call
                 continue
             knn.append(m["knn_top1"])
             if m.get("below_raw_pixel_baseline"):
