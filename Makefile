@@ -10,14 +10,17 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 setup: $(STAMP)
 
-# The pinned requirements.txt, then this package, editable and with --no-deps (the pins are the
-# environment; pyproject.toml only declares ranges), which adds the uniclr-train, uniclr-eval,
-# uniclr-finetune and uniclr-export commands. setuptools >= 77 builds pyproject.toml's licence
-# field, without a download.
+# The pinned requirements.txt; then Keras Hub (the vit_* encoders) with --no-deps, because its wheel
+# declares tensorflow-text, which would pull the full `tensorflow` next to tensorflow-cpu, while
+# `import keras_hub` needs only regex and tokenizers (docs/stack.md); then this package, editable
+# and with --no-deps (the pins are the environment; pyproject.toml only declares ranges), which adds
+# the uniclr-train, uniclr-eval, uniclr-finetune and uniclr-export commands. setuptools >= 77 builds
+# pyproject.toml's licence field, without a download.
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=77"
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps keras-hub==0.32.0 regex==2026.11.19 tokenizers==0.23.3
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 

@@ -131,7 +131,14 @@ def check(results, cases):
         np.testing.assert_allclose(out["loss_b"], out["loss_a"], rtol=1e-5, atol=1e-5, err_msg=case)
         # CO2's consistency softmax at temperature 0.04 multiplies float32 rounding (the gather's
         # summation order) by 25: its weights agree to 2e-5 after 3 steps, the others to 1e-5.
-        assert out["max_weight_diff"] <= (5e-5 if case.startswith("co2") else 1e-5), (case, out)
+        # Zero-CL's instance-wise whitening: the 16 x 16 covariance of 16 rows standardised over 8
+        # features has rank <= 7 (and always one of its two covariances is singular: rank <= D - 1
+        # and <= N - 1), so the null space is scaled by 1/sqrt(zca_eps) = 10 and float32 rounding
+        # there is magnified. Measured (2 replicas vs 1 device, 3 steps): max weight diff 1.2e-4
+        # (instance term alone 1.8e-4, feature term alone 1.1e-6; zca_eps 0.1: 8e-6, 1.0: 9e-7)
+        # and 2e-13 for the same run in float64: rounding, not a wrong gather. 3e-4 keeps the default ε.
+        tolerance = 5e-5 if case.startswith("co2") else 3e-4 if case.startswith("zero_cl") else 1e-5
+        assert out["max_weight_diff"] <= tolerance, (case, out)
 
 
 def test_mirrored_two_replicas_match_one_device():

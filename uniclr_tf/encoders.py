@@ -209,18 +209,72 @@ class ClassToken(layers.Layer):
         return (input_shape[0], input_shape[-1])
 
 
-def vit(name, input_shape):
-    """A Keras Hub ``ViTBackbone`` (random init: no download), patch from :func:`vit_patch_size`,
-    pooled as its class token after the final layer norm. Its position embeddings fix the input
-    size: global views only (no multi-crop)."""
-    import keras_hub  # a dependency of the hub encoders only (docs/stack.md)
+@keras.saving.register_keras_serializable(package="uniclr_tf")
+class ViTPatchEmbedding(layers.Layer):
+    """A ViT's input: non-overlapping ``patch × patch`` patches of ``[B, H, W, C]`` images, each
+    linearly embedded (a strided convolution) to ``hidden_dim``, a learned class token in front and
+    learned position embeddings added -> ``[B, 1 + H·W/patch², hidden_dim]``.
 
-    hidden, depth, heads_, mlp = VITS[name]
+    The computation, initialisers and weight shapes of Keras Hub's ``ViTPatchingAndEmbedding``
+    (keras-hub 0.32), whose ``get_config`` emits ``num_patches`` / ``num_positions`` that its
+    ``__init__`` refuses: ``clone_model`` (an EMA target) and ``load_model`` fail on it. This one
+    round-trips, and it loads without Keras Hub imported first (docs/stack.md).
+    """
+
+    def __init__(self, image_size, patch_size, hidden_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.image_size = tuple(int(s) for s in image_size)
+        self.patch_size = int(patch_size)
+        self.hidden_dim = int(hidden_dim)
+        if any(s % self.patch_size for s in self.image_size):
+            raise ValueError(f"image size {self.image_size} is not a multiple of the patch size {self.patch_size}")
+        self.num_positions = 1 + (self.image_size[0] // self.patch_size) * (self.image_size[1] // self.patch_size)
+        self.patch_embedding = layers.Conv2D(self.hidden_dim, self.patch_size, strides=self.patch_size,
+                                             padding="valid", dtype=self.dtype_policy, name="patch_embedding")
+        self.position_embedding = layers.Embedding(
+            self.num_positions, self.hidden_dim, dtype=self.dtype_policy,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02), name="position_embedding")
+
+    def build(self, input_shape):
+        self.class_token = self.add_weight(shape=(1, 1, self.hidden_dim), initializer="random_normal",
+                                           name="class_token")
+        self.patch_embedding.build(input_shape)
+        self.position_embedding.build((1, self.num_positions))
+
+    def call(self, images):
+        x = self.patch_embedding(images)
+        shape = ops.shape(x)
+        x = ops.reshape(x, (shape[0], -1, self.hidden_dim))
+        token = ops.tile(ops.cast(self.class_token, x.dtype), (shape[0], 1, 1))
+        positions = self.position_embedding(ops.expand_dims(ops.arange(self.num_positions), 0))
+        return ops.concatenate([token, x], axis=1) + positions
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.num_positions, self.hidden_dim)
+
+    def get_config(self):
+        return {**super().get_config(), "image_size": self.image_size, "patch_size": self.patch_size,
+                "hidden_dim": self.hidden_dim}
+
+
+def vit(name, input_shape, dims=None):
+    """A ViT: :class:`ViTPatchEmbedding` (patch from :func:`vit_patch_size`) then Keras Hub's
+    ``ViTEncoder`` (the transformer blocks and final layer norm of its ``ViTBackbone``, random init:
+    no download), pooled as the class token. ``dims``: ``(hidden size, layers, heads, MLP size)``,
+    default ``VITS[name]``. Its position embeddings fix the input size: global views only (no
+    multi-crop)."""
+    # A dependency of the ViT encoders only; keras-hub 0.32 does not export ViTEncoder in its API.
+    from keras_hub.src.models.vit.vit_layers import ViTEncoder
+
+    hidden, depth, heads_, mlp = dims or VITS[name]
     size = int(input_shape[0])
-    backbone = keras_hub.models.ViTBackbone(image_shape=tuple(input_shape), patch_size=vit_patch_size(size),
-                                            num_layers=depth, num_heads=heads_, hidden_dim=hidden, mlp_dim=mlp,
-                                            use_class_token=True, name=f"{name}_backbone")
-    return keras.Model(backbone.inputs, ClassToken(name="class_token")(backbone.outputs[0]), name=name)
+    if int(input_shape[1]) != size:
+        raise ValueError(f"{name}: square images only; received input_shape={tuple(input_shape)}")
+    inputs = keras.Input(shape=tuple(input_shape), name="images")
+    x = ViTPatchEmbedding((size, size), vit_patch_size(size), hidden, name="patch_embedding")(inputs)
+    x = ViTEncoder(num_layers=depth, num_heads=heads_, hidden_dim=hidden, mlp_dim=mlp, layer_norm_epsilon=1e-6,
+                   name="vit_encoder")(x)
+    return keras.Model(inputs, ClassToken(name="class_token")(x), name=name)
 
 
 def build_encoder(name, input_shape, width=None, synchronized_bn=False, stem="auto"):
