@@ -198,3 +198,26 @@ def test_simsiam_learns_its_predictor_at_the_peak_rate():
     assert opt.fixed_learning_rate == pytest.approx(0.1)
     off = train.build_optimizer(TrainConfig.make(method="simsiam", predictor_fixed_lr=False), steps_per_epoch=10)
     assert not list(off.fixed_lr_patterns)
+
+
+# --- the one-command robustness check ----------------------------------------------------------------
+
+def test_the_robustness_plan_is_current_and_its_table_counts_failures(tmp_path):
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import robustness
+    assert (REPO_ROOT / "benchmarks" / "study" / "robustness.plan").read_text() == robustness.plan()
+    configs = robustness.configs()
+    assert "configs/simaffinity.flags" in configs and not any("quickstart" in c for c in configs)
+    assert len(configs) == len(set(configs)) >= 18
+    written = {("configs/simaffinity.flags", 0): {"status": "finished", "knn_top1": 0.86},
+               ("configs/simaffinity.flags", 1): {"status": "collapsed", "epoch": 10},
+               ("configs/simaffinity.flags", 2): {"status": "finished", "knn_top1": 0.70,
+                                                  "below_raw_pixel_baseline": True},
+               ("configs/simaffinity.flags", 3): {"status": "interrupted", "epoch": 12}}  # time limit: not counted
+    for (config, seed), metrics in written.items():
+        folder = tmp_path / robustness.run_name(config, seed)
+        folder.mkdir()
+        (folder / "metrics.json").write_text(json.dumps({"raw_pixel_knn_top1": 0.7881, **metrics}))
+    row = next(line for line in robustness.table(str(tmp_path)).splitlines() if "simaffinity.flags" in line)
+    assert row.startswith("| configs/simaffinity.flags | 3 | 2 (s1 collapsed @10; s2 below raw pixels) | "
+                          "0.7000 / 0.7800 / 0.8600 | 0.7881 |"), row
