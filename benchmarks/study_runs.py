@@ -27,12 +27,7 @@ METRICS = ("status", "method", "epochs", "steps", "knn_top1", "knn_top5", "effec
            "knn_memory_bank", "knn_test")
 
 
-def _json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+_json = study._json  # a JSON file's content, or None when missing or unreadable
 
 
 def _card(folder):
