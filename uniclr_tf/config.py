@@ -14,6 +14,8 @@ an error naming the flag. View fields left at None take the method's augmentatio
 import dataclasses
 import json
 
+from uniclr_tf.errors import UsageError
+
 ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small")  # encoders.ENCODERS (no import here)
 OPTIMIZERS = ("lars", "sgd", "adamw")
 PRECISIONS = ("float32", "bfloat16", "float16")
@@ -132,7 +134,7 @@ class TrainConfig:
     def __post_init__(self):
         def check(ok, field, expected):
             if not ok:
-                raise ValueError(f"--{field}: expected {expected}; received {getattr(self, field)!r}")
+                raise UsageError(f"--{field}: expected {expected}; received {getattr(self, field)!r}")
 
         from uniclr_tf import methods
         if isinstance(self.method_options, dict):  # accept a dict; store a hashable, ordered tuple

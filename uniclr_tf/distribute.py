@@ -29,6 +29,8 @@ import threading
 
 import keras
 
+from uniclr_tf.errors import UsageError
+
 #: Logical CPU devices for --strategy=mirrored on a machine without GPUs (tests of the distributed paths).
 TF_CPU_DEVICES_ENV = "UNICLR_TF_CPU_DEVICES"
 
@@ -70,12 +72,12 @@ def initialize_processes(coordinator_address="", num_processes=0, process_id=-1)
     if num <= 1:
         return 0, 1
     if keras.backend.backend() != "jax":
-        raise ValueError(f"--num_processes={num}: several processes are the JAX backend's multi-controller "
+        raise UsageError(f"--num_processes={num}: several processes are the JAX backend's multi-controller "
                          "mode (KERAS_BACKEND=jax, --strategy=data_parallel); on TensorFlow use tf.distribute")
     address = coordinator_address or os.environ.get(ENV_ADDRESSES, "")
     pid = int(process_id) if process_id is not None and int(process_id) >= 0 else int(os.environ.get(ENV_PROCESS_ID, -1))
     if not address or not 0 <= pid < num:
-        raise ValueError(f"--num_processes={num} needs --coordinator_address=HOST:PORT (process 0's) and "
+        raise UsageError(f"--num_processes={num} needs --coordinator_address=HOST:PORT (process 0's) and "
                          f"--process_id in [0, {num}) (or ${ENV_ADDRESSES} and ${ENV_PROCESS_ID}); "
                          f"received {address!r} and {pid}")
     import jax
@@ -148,22 +150,22 @@ def make_strategy(name="default", tpu=""):
     backend = keras.backend.backend()
     if backend == "jax":
         if name == "tpu":
-            raise ValueError("--strategy=tpu needs the TensorFlow backend; on JAX use --strategy=data_parallel "
+            raise UsageError("--strategy=tpu needs the TensorFlow backend; on JAX use --strategy=data_parallel "
                              "(Keras-on-TPU with JAX sees the TPU cores as local devices)")
         if name in ("data_parallel", "mirrored"):
             import jax
             keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
         if name == "multi_worker":
-            raise ValueError("--strategy=multi_worker is tf.distribute's (KERAS_BACKEND=tensorflow); on JAX run "
+            raise UsageError("--strategy=multi_worker is tf.distribute's (KERAS_BACKEND=tensorflow); on JAX run "
                              "one process per host or GPU with --strategy=data_parallel --num_processes=N")
         return None
     import tensorflow as tf
     if name == "data_parallel":
-        raise ValueError("--strategy=data_parallel is the JAX backend's strategy (Keras's DataParallel does "
+        raise UsageError("--strategy=data_parallel is the JAX backend's strategy (Keras's DataParallel does "
                          "nothing on TensorFlow); use --strategy=mirrored with KERAS_BACKEND=tensorflow")
     if name == "multi_worker":
         if not os.environ.get("TF_CONFIG"):
-            raise ValueError("--strategy=multi_worker reads the cluster from $TF_CONFIG, which is not set: e.g. "
+            raise UsageError("--strategy=multi_worker reads the cluster from $TF_CONFIG, which is not set: e.g. "
                              '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", '
                              '"index": 0}} on the first host (index 1 on the second)')
         return tf.distribute.MultiWorkerMirroredStrategy()
@@ -230,12 +232,12 @@ def connect_tpu(tpu, timeout_s=None):
             f"--zone=ZONE`; `gcloud config set compute/zone ZONE`), that this VM may reach it, "
             f"and that the TPU is READY")
     if thread.is_alive():
-        raise ValueError(f"--tpu={tpu}: could not connect to the TPU within {timeout_s:g} s; {hint}; "
+        raise UsageError(f"--tpu={tpu}: could not connect to the TPU within {timeout_s:g} s; {hint}; "
                          f"set {TPU_TIMEOUT_ENV}=SECONDS to wait longer")
     if "error" in outcome:
         error = outcome["error"]
         detail = (str(error).strip().splitlines() or [""])[0][:300]
-        raise ValueError(f"--tpu={tpu}: could not connect to the TPU ({type(error).__name__}: {detail}); "
+        raise UsageError(f"--tpu={tpu}: could not connect to the TPU ({type(error).__name__}: {detail}); "
                          f"{hint}") from error
     return outcome["resolver"]
 

@@ -13,6 +13,8 @@ import contextvars
 import keras
 from keras import layers, ops
 
+from uniclr_tf.errors import UsageError
+
 ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small")
 STEMS = ("auto", "cifar", "imagenet")
 # Keras Hub ViTs (randomly initialised): (hidden size, layers, heads, MLP size), DeiT-Tiny / -Small.
@@ -183,7 +185,7 @@ def resnet50(input_shape=(224, 224, 3), synchronized_bn=False, name="resnet50"):
 def resnet18_stem(stem, image_size):
     """``--encoder_stem``: ``auto`` is the CIFAR stem below 64 px, the ImageNet stem from 64 px."""
     if stem not in STEMS:
-        raise ValueError(f"--encoder_stem: expected one of {STEMS}; received {stem!r}")
+        raise UsageError(f"--encoder_stem: expected one of {STEMS}; received {stem!r}")
     if stem == "auto":
         return "cifar" if image_size < 64 else "imagenet"
     return stem
@@ -193,7 +195,7 @@ def vit_patch_size(image_size):
     """The ViT patch for an image size: 4 below 64 px (28 px: 7×7 patches), 8 below 128, 16 above."""
     patch = 4 if image_size < 64 else 8 if image_size < 128 else 16
     if image_size % patch:
-        raise ValueError(f"--image_size={image_size}: a ViT needs a multiple of its patch size {patch} "
+        raise UsageError(f"--image_size={image_size}: a ViT needs a multiple of its patch size {patch} "
                          "(set --image_size)")
     return patch
 
@@ -290,7 +292,7 @@ def build_encoder(name, input_shape, width=None, synchronized_bn=False, stem="au
                               stem=resnet18_stem(stem, min(input_shape[:2])))
     if name in VITS:
         if width:
-            raise ValueError(f"--encoder_width: {name} has a fixed width; received {width}")
+            raise UsageError(f"--encoder_width: {name} has a fixed width; received {width}")
         return vit(name, input_shape)
     if name == "tiny":
         return tiny_encoder(input_shape, width=width or 16, synchronized_bn=synchronized_bn)

@@ -54,6 +54,7 @@ import uuid
 
 import numpy as np
 
+from uniclr_tf.errors import UsageError
 from uniclr_tf.runs import (CONFIG_FILE, DATASET_FILE, ENCODER_FILE, PROJECTOR_FILE, RunFolder, atomic_save,
                             atomic_write_json)
 
@@ -140,22 +141,22 @@ def check_export_target(out_dir, version=None, overwrite=False, run_dir=None, wh
     (``uniclr_tf.tools.release`` checks its release folder with it).
     """
     if not out_dir:
-        raise ValueError(f"--out= names no folder; expected the {what}")
+        raise UsageError(f"--out= names no folder; expected the {what}")
     if version is not None and os.path.lexists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"--out={out_dir}: exists and is not a folder")
+        raise UsageError(f"--out={out_dir}: exists and is not a folder")
     target = out_dir if version is None else os.path.join(out_dir, str(version))
     if run_dir is not None:
         real_target, real_run = os.path.realpath(target), os.path.realpath(run_dir)
         if os.path.commonpath([real_target, real_run]) == real_target:
-            raise ValueError(f"--out={out_dir}: {target} holds the run folder {run_dir}; choose another --out")
+            raise UsageError(f"--out={out_dir}: {target} holds the run folder {run_dir}; choose another --out")
     if os.path.lexists(target):
         if not os.path.isdir(target):
-            raise ValueError(f"--out={out_dir}: {target} exists and is not a folder; remove it or choose another --out")
+            raise UsageError(f"--out={out_dir}: {target} exists and is not a folder; remove it or choose another --out")
         if os.listdir(target) and not overwrite:
             if version is None:
-                raise ValueError(f"--out={out_dir}: the {what} is not empty; pass --overwrite to replace "
+                raise UsageError(f"--out={out_dir}: the {what} is not empty; pass --overwrite to replace "
                                  f"it (everything in it is deleted) or choose another --out")
-            raise ValueError(f"--out={out_dir}: its version folder {target} is not empty; pass --overwrite to "
+            raise UsageError(f"--out={out_dir}: its version folder {target} is not empty; pass --overwrite to "
                              f"replace that version (the other versions are kept) or choose another --version")
     return target
 

@@ -11,6 +11,8 @@ import sys
 
 from absl import app, flags
 
+from uniclr_tf.errors import UsageError
+
 _DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string}
 
 
@@ -49,7 +51,7 @@ def parse_list(name, value, kind):
     try:
         return tuple(kind(v) for v in value)
     except ValueError:
-        raise ValueError(f"--{name}: expected comma-separated numbers; received {','.join(value)!r}") from None
+        raise UsageError(f"--{name}: expected comma-separated numbers; received {','.join(value)!r}") from None
 
 
 def config_values(config_cls, flag_values=None, skip=()):

@@ -80,6 +80,7 @@ import numpy as np
 
 from uniclr_tf import protocols, runs
 from uniclr_tf.config import AUGMENT_ON
+from uniclr_tf.errors import UsageError
 from uniclr_tf.evaluation import extract_features
 from uniclr_tf.knn import topk_accuracy
 from uniclr_tf.runs import RunFolderError
@@ -309,11 +310,11 @@ def check_augment_on(augment: bool, augment_on: str, info=None):
     from uniclr_tf import data
 
     if augment_on not in AUGMENT_ON:
-        raise ValueError(f"--augment_on: expected one of {AUGMENT_ON}; received {augment_on!r}")
+        raise UsageError(f"--augment_on: expected one of {AUGMENT_ON}; received {augment_on!r}")
     if not augment:
         return
     if augment_on == "host" and not data.have_tensorflow():
-        raise ValueError("--augment_on=host augments the training images in tf.data, and TensorFlow is not "
+        raise UsageError("--augment_on=host augments the training images in tf.data, and TensorFlow is not "
                          "installed here; use --augment_on=device (or --noaugment)")
     if augment_on == "device" and info is not None and not info.split("train").in_memory:
         raise data.DataError(f"--augment_on=device needs the training split in memory, and that of "
@@ -523,7 +524,7 @@ def check_common_fields(cfg):
     errors naming the flag; returns the ``check(ok, field, expected)`` used, for the config's own."""
     def check(ok, field, expected):
         if not ok:
-            raise ValueError(f"--{field}: expected {expected}; received {getattr(cfg, field)!r}")
+            raise UsageError(f"--{field}: expected {expected}; received {getattr(cfg, field)!r}")
 
     check(bool(cfg.run_dir), "run_dir", "a run folder written by uniclr_tf.train")
     check(0 < cfg.label_fraction <= 1, "label_fraction", "a number in (0, 1]")

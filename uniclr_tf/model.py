@@ -17,6 +17,7 @@ import numpy as np
 from keras import layers, ops
 
 from uniclr_tf import methods, objectives
+from uniclr_tf.errors import UsageError
 from uniclr_tf.schedules import momentum_schedule
 from uniclr_tf.steps import train_step_mixin
 
@@ -94,9 +95,9 @@ class UniCLR(train_step_mixin(), keras.Model):
         self.method = self._make_method(method, objective, predictor, options, objective_options,
                                         temperature=temperature, gamma=gamma, eps=eps, ema_momentum=ema_momentum)
         if self.method.predictor == "never" and predictor is not None:
-            raise ValueError(f"--method={self.method.name} uses no predictor; received one")
+            raise UsageError(f"--method={self.method.name} uses no predictor; received one")
         if self.method.uses_predictor and predictor is None:
-            raise ValueError(f"--method={self.method.name} needs a predictor head; received predictor=None")
+            raise UsageError(f"--method={self.method.name} needs a predictor head; received predictor=None")
         self.encoder = encoder
         self.projector = projector
         self.predictor = predictor
@@ -263,7 +264,7 @@ class UniCLR(train_step_mixin(), keras.Model):
                 "embedding_std": objectives.embedding_std(ops.cast(projected[0], "float32"))}
         for term in results[0][1]:
             if term not in self._trackers:
-                raise ValueError(f"--method={self.method.name} returned the term {term!r}, which it does not "
+                raise UsageError(f"--method={self.method.name} returned the term {term!r}, which it does not "
                                  f"declare in `terms` {self.method.terms}")
             logs[term] = ops.mean(ops.stack([r[1][term] for r in results]))
         if training:

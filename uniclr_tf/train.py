@@ -31,6 +31,7 @@ from absl import flags
 
 from uniclr_tf import flagutil
 from uniclr_tf.config import AUGMENT_ON, BATCH_NORMS, ENCODERS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
+from uniclr_tf.errors import UsageError
 
 HELP = {
     "dataset": "fashion_mnist | tfds:NAME[:SPLIT] | folder:PATH | tfrecord:TRAIN_GLOB[,TEST_GLOB] (README, Datasets).",
@@ -161,7 +162,7 @@ def config_from_flags(flag_values=flags.FLAGS):
 def build_augmenter(cfg, info, method=None):
     """The method's view recipe with the view flags that were given, sized for the dataset."""
     from uniclr_tf.augment import RECIPES, ViewAugmenter
-    method = method or cfg.build_method()
+    method = method if method is not None else cfg.build_method()
     recipe = RECIPES[method.views].replace(**cfg.view_overrides())
     size = cfg.image_size or info.image_shape[0]
     return ViewAugmenter.from_recipe(recipe, (size, size, info.image_shape[-1]), num_local=cfg.num_local_crops,
@@ -169,8 +170,9 @@ def build_augmenter(cfg, info, method=None):
                                      seed=cfg.seed)
 
 
-def build_model(cfg, info, augmenter=None, devices=1):
-    """Encoder + the method's heads (+ EMA target, state, probe) wired into a ``UniCLR`` model.
+def build_model(cfg, info, augmenter=None, devices=1, method=None):
+    """Encoder + the method's heads (+ EMA target, state, probe) wired into a ``UniCLR`` model
+    (``method``: the run's, else built from ``cfg``).
 
     ``devices`` > 1 (the batch split over several): ``--batch_norm=global`` synchronises BN on TF
     (JAX's global arrays need nothing); ``per_device`` keeps TF's per-replica BN and, on JAX, builds
@@ -179,7 +181,7 @@ def build_model(cfg, info, augmenter=None, devices=1):
 
     from uniclr_tf import encoders, heads
     from uniclr_tf.model import UniCLR
-    method = cfg.build_method()
+    method = method if method is not None else cfg.build_method()
     size = cfg.image_size or info.image_shape[0]
     synchronized_bn = devices > 1 and cfg.batch_norm == "global"
     groups = devices if cfg.batch_norm == "per_device" and keras.backend.backend() == "jax" else 1
@@ -197,8 +199,9 @@ def build_model(cfg, info, augmenter=None, devices=1):
                   num_classes=info.num_classes if cfg.online_probe and info.num_classes else None)
 
 
-def build_optimizer(cfg, steps_per_epoch):
-    """LARS (or SGD / AdamW) with the linear warm-up + cosine schedule, lr = batch/256 · base."""
+def build_optimizer(cfg, steps_per_epoch, method=None):
+    """LARS (or SGD / AdamW) with the linear warm-up + cosine schedule, lr = batch/256 · base
+    (``method``: the run's, else built from ``cfg``)."""
     from uniclr_tf.optimizers import build_optimizer as make_optimizer
     from uniclr_tf.schedules import WarmupCosine
     schedule = WarmupCosine(cfg.base_learning_rate, cfg.batch_size, total_steps=cfg.epochs * steps_per_epoch,
@@ -206,7 +209,8 @@ def build_optimizer(cfg, steps_per_epoch):
     # The online probe is a plain linear classifier: no trust ratio, no decay (as solo-learn).
     probe = ["linear_probe"] if cfg.optimizer in ("lars", "sgd") else ()
     # SimSiam's predictor learns at a constant rate (the schedule's peak), not on the schedule.
-    fixed = ["predictor"] if cfg.build_method().options.get("predictor_fixed_lr") else []
+    method = method if method is not None else cfg.build_method()
+    fixed = ["predictor"] if method.options.get("predictor_fixed_lr") else []
     return make_optimizer(cfg.optimizer, schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                           exclude_from_adaptation=probe if cfg.optimizer == "lars" else (),
                           exclude_from_weight_decay=probe, fixed_lr_patterns=fixed,
@@ -228,7 +232,7 @@ def check_writable(folder):
         with tempfile.NamedTemporaryFile(dir=folder):
             pass
     except OSError as e:
-        raise ValueError(f"--run_dir={folder}: cannot create or write there ({e.strerror or e})") from None
+        raise UsageError(f"--run_dir={folder}: cannot create or write there ({e.strerror or e})") from None
 
 
 def prepare_run_folder(cfg, run_dir):
@@ -240,7 +244,7 @@ def prepare_run_folder(cfg, run_dir):
     if not os.path.isdir(run_dir) or not set(os.listdir(run_dir)) - {runs.LOCK_FILE}:
         return "new", None
     if not runs.is_run_folder(run_dir):
-        raise ValueError(f"--run_name: {run_dir} exists and holds files that are not a run of uniclr_tf.train "
+        raise UsageError(f"--run_name: {run_dir} exists and holds files that are not a run of uniclr_tf.train "
                          "(no config.json + flags.txt); choose another --run_name or --run_dir")
     if cfg.overwrite:
         runs.clear_run_folder(run_dir)
@@ -250,13 +254,13 @@ def prepare_run_folder(cfg, run_dir):
         with open(config_path) as f:
             old = TrainConfig.from_json(f.read())
     except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"--run_name: {run_dir} holds a run whose config.json is unreadable ({e}); pass "
+        raise UsageError(f"--run_name: {run_dir} holds a run whose config.json is unreadable ({e}); pass "
                          "--overwrite to start it again, or another --run_name") from None
     diffs = cfg.differences(old)
     if diffs:
         listed = "; ".join(f"--{k}: {b!r} in the folder, {a!r} now" for k, a, b in diffs[:8])
         more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
-        raise ValueError(f"--run_name: {run_dir} holds a run with other flags: {listed}{more}. Pass --overwrite to "
+        raise UsageError(f"--run_name: {run_dir} holds a run with other flags: {listed}{more}. Pass --overwrite to "
                          "start it again, or another --run_name")
     metrics_path = os.path.join(run_dir, "metrics.json")
     if os.path.exists(metrics_path):
@@ -315,6 +319,70 @@ def _read_history(run_dir, completed_epochs):
         return [e for e in json.load(f) if e["epoch"] <= completed_epochs]
 
 
+@dataclasses.dataclass
+class RunContext:
+    """What the phases of :func:`run` share. ``cfg`` is resolved (the method's defaults written out)
+    and, once the data is loaded, holds the run's steps per epoch; ``method`` is built once, here."""
+    cfg: TrainConfig
+    method: object
+    process_id: int = 0
+    num_processes: int = 1
+    early_strategy: object = None  # tf.distribute's multi-worker strategy, made before any other TF op
+    info: object = None  # the dataset (uniclr_tf.data.DatasetInfo)
+    num_train: int = 0
+    size: int = 0  # the side of the (square) training images
+    strategy: object = None
+    augmenter: object = None
+    run_dir: str = ""
+    status: str = ""  # what the run folder held: "new" or "resume"
+    state: dict = None  # the backup this run starts from (None: step 0)
+    model: object = None
+
+    @property
+    def chief(self):
+        """Process 0: the one process that writes the run folder and evaluates."""
+        return self.process_id == 0
+
+    @property
+    def steps_per_epoch(self):
+        return self.cfg.steps_per_epoch
+
+    @property
+    def last_epoch(self):
+        """The last epoch this invocation trains to (the schedule stays that of --epochs)."""
+        return self.cfg.stop_at_epoch or self.cfg.epochs
+
+    @property
+    def initial_step(self):
+        return self.state["step"] if self.state else 0
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """Process 0's kNN evaluations: in a multi-process job on a local copy of the encoder (the job's
+    arrays span every process, so a computation on them needs every process), refreshed before use."""
+    encoder: object
+    preprocess: object
+    local: object = contextlib.nullcontext  # the context the evaluations run in
+    refresh: object = None  # copies the model's encoder weights into ``encoder`` (several processes)
+    train: object = None  # the kNN memory bank's source (arrays or tf.data batches)
+    test: object = None
+    raw: dict = None  # the raw-pixel kNN baseline
+    monitor: object = None  # the per-epoch KNNMonitor
+
+
+@dataclasses.dataclass
+class Fit:
+    """What training left behind: the history, the backup writer, the progress, and why it stopped
+    early with a backup (``stopped``: "stop_after_steps" or a signal's name; None: it did not)."""
+    history: object
+    writer: object
+    progress: object
+    interrupts: object = None
+    stopped: str = None
+    seconds: float = 0.0
+
+
 def run(cfg):
     """Runs (or resumes) one pretraining job described by ``cfg``; returns ``(run folder, metrics)``.
 
@@ -322,22 +390,27 @@ def run(cfg):
     ``--stop_after_steps``) and :class:`uniclr_tf.backup.TrainingDiverged` on a non-finite loss or weight.
     Process 0 holds the run folder's lock (:class:`uniclr_tf.runs.RunLock`) until it returns.
     """
-    with contextlib.ExitStack() as held:
-        return _run(cfg, held)
+    with contextlib.ExitStack() as held:  # keeps the run folder's lock until the run ends
+        ctx = _prepare_process(cfg)
+        _load_data(ctx)
+        _set_up_devices(ctx)
+        finished = _open_run_folder(ctx, held)
+        if finished is not None:
+            return ctx.run_dir, finished
+        _build_training_model(ctx)
+        evaluation = _prepare_evaluation(ctx)
+        fit = _fit(ctx, evaluation)
+        return ctx.run_dir, _finish(ctx, evaluation, fit)
 
 
-def _run(cfg, held):
-    """:func:`run`; ``held`` (an ``ExitStack``) keeps the run folder's lock until the run ends."""
+def _prepare_process(cfg):
+    """Joins the job (JAX processes, tf.distribute's workers), turns the compilation cache on, seeds,
+    resolves the config and builds its method; process 0 checks that --run_dir can be written."""
     import keras
-    from uniclr_tf import backup, data, distribute, runs
-    from uniclr_tf.augment import EvalPreprocess
-    from uniclr_tf.callbacks import (CollapseDetector, EpochTensorBoard, HistoryRecorder, KNNMonitor, StepClock,
-                                     TrainingCollapsed)
-    from uniclr_tf.evaluation import knn_eval, raw_pixel_knn
-
+    from uniclr_tf import backup, distribute
     backup.set_phase("before training started; nothing was saved by this invocation: rerun the same command")
     if cfg.export and keras.backend.backend() != "tensorflow":
-        raise ValueError("--export writes a TF SavedModel and needs KERAS_BACKEND=tensorflow; train under "
+        raise UsageError("--export writes a TF SavedModel and needs KERAS_BACKEND=tensorflow; train under "
                          f"{keras.backend.backend()!r}, then run `python -m uniclr_tf.export` with the TF backend")
     # A multi-controller job (several JAX processes) is joined before any JAX computation.
     process_id, num_processes = distribute.initialize_processes(cfg.coordinator_address, cfg.num_processes,
@@ -347,260 +420,384 @@ def _run(cfg, held):
     early = distribute.make_strategy(cfg.strategy) if cfg.strategy == "multi_worker" else None
     if early is not None:  # one process per worker; worker 0 (or the chief) is process 0
         process_id, num_processes = distribute.worker_info(early)
-    chief = process_id == 0  # the one process that writes the run folder and evaluates
     keras.utils.set_random_seed(cfg.seed)
     cfg = cfg.resolved()  # the method's defaults written out: flags.txt replays the same run
-    method = cfg.build_method()
-    if chief:
+    ctx = RunContext(cfg, cfg.build_method(), process_id, num_processes, early_strategy=early)
+    if ctx.chief:
         check_writable(cfg.run_dir)
+    return ctx
 
+
+def _load_data(ctx):
+    """The dataset (process 0 prints its notes) and the steps of an epoch, written into ``ctx.cfg``."""
+    from uniclr_tf import data
+    cfg = ctx.cfg
     info = data.load_dataset(cfg.dataset, image_size=cfg.image_size or None, data_dir=cfg.data_dir or None,
                              skip_bad_files=cfg.skip_bad_files, max_examples=cfg.max_examples or None,
                              eval_spec=cfg.eval_dataset or None, holdout_fraction=cfg.holdout_fraction,
                              max_in_memory_mb=cfg.max_in_memory_mb, max_image_pixels=cfg.max_image_pixels or None)
-    if chief:  # where the test split comes from, what is held out, whether the data streams
+    if ctx.chief:  # where the test split comes from, what is held out, whether the data streams
         for note in info.notes:
             print(note, flush=True)
-    size = cfg.image_size or info.image_shape[0]
     num_train = min(info.num_train, cfg.max_examples or info.num_train)
     if num_train < cfg.batch_size:  # every batch would repeat images (a contrastive batch then holds duplicates)
-        raise ValueError(f"--batch_size={cfg.batch_size}: {cfg.dataset} has only {num_train} training images, fewer "
+        raise UsageError(f"--batch_size={cfg.batch_size}: {cfg.dataset} has only {num_train} training images, fewer "
                          "than one batch; lower --batch_size or add images")
     steps_per_epoch = cfg.steps_per_epoch or max(num_train // cfg.batch_size, 1)
-    cfg = dataclasses.replace(cfg, steps_per_epoch=steps_per_epoch)
+    ctx.cfg = dataclasses.replace(cfg, steps_per_epoch=steps_per_epoch)
     if cfg.steps_per_execution > 1 and steps_per_epoch % cfg.steps_per_execution:
-        raise ValueError(f"--steps_per_execution={cfg.steps_per_execution} must divide the {steps_per_epoch} steps "
+        raise UsageError(f"--steps_per_execution={cfg.steps_per_execution} must divide the {steps_per_epoch} steps "
                          f"of an epoch (Keras runs whole blocks of steps, so an epoch would run more)")
+    ctx.info, ctx.num_train, ctx.size = info, num_train, cfg.image_size or info.image_shape[0]
+
+
+def _set_up_devices(ctx):
+    """The precision policy, the distribution strategy and, under it, the view augmenter."""
+    import keras
+    from uniclr_tf import data, distribute
+    cfg = ctx.cfg
     if cfg.precision != "float32":
         keras.mixed_precision.set_global_policy(f"mixed_{cfg.precision}")
     # The distribution first: every variable (the augmenter's random state too) is created under it.
-    strategy = early if early is not None else distribute.make_strategy(cfg.strategy, cfg.tpu)
-    replicas = distribute.num_replicas(strategy)
+    ctx.strategy = ctx.early_strategy if ctx.early_strategy is not None else distribute.make_strategy(cfg.strategy,
+                                                                                                      cfg.tpu)
+    replicas = distribute.num_replicas(ctx.strategy)
     if cfg.batch_size % replicas:
-        raise ValueError(f"--batch_size={cfg.batch_size} must be divisible by the {replicas} replicas")
+        raise UsageError(f"--batch_size={cfg.batch_size} must be divisible by the {replicas} replicas")
     if replicas > 1 and not cfg.gather_across_replicas:  # each replica's loss sees its own rows only
-        method.check_setup(cfg.batch_size // replicas, int(cfg.projector_dims[-1]))
-    if num_processes > 1 and keras.backend.backend() == "jax" and not data.have_tensorflow():
+        ctx.method.check_setup(cfg.batch_size // replicas, int(cfg.projector_dims[-1]))
+    if ctx.num_processes > 1 and keras.backend.backend() == "jax" and not data.have_tensorflow():
         # numpy_batches shards itself (shard=...)
         keras.distribution.distribution().auto_shard_dataset = False
-    augmenter = build_augmenter(cfg, info, method)
+    ctx.augmenter = build_augmenter(cfg, ctx.info, ctx.method)
 
-    run_dir = run_path(cfg)
-    # Process 0 decides (and may --overwrite) and writes the run's files; then the others read the
-    # same folder (shared storage) and reach the same decision.
-    if chief:
+
+def _open_run_folder(ctx, held):
+    """Opens the run folder: new, resumed (``ctx.state``: its backup, or --resume_from's) or finished
+    (returns its metrics). Process 0 decides (and may --overwrite) under the folder's lock, kept in
+    ``held``, and writes the run's files; then the others read the same folder (shared storage) and
+    reach the same decision."""
+    from uniclr_tf import backup, distribute, runs
+    cfg = ctx.cfg
+    run_dir = ctx.run_dir = run_path(cfg)
+    if ctx.chief:
         held.enter_context(runs.RunLock(run_dir))  # one process at a time; the others see who holds it
         status, found = prepare_run_folder(cfg, run_dir)
         if status != "new":  # what a process killed mid-write (kill -9) left behind
             runs.remove_temporaries(run_dir)
         if status != "finished":
-            _write_run_files(run_dir, cfg, augmenter, info, size)
-    distribute.barrier("run folder prepared", num_processes, strategy)
-    if not chief:
+            _write_run_files(run_dir, cfg, ctx.augmenter, ctx.info, ctx.size)
+    distribute.barrier("run folder prepared", ctx.num_processes, ctx.strategy)
+    if not ctx.chief:
         status, found = prepare_run_folder(dataclasses.replace(cfg, overwrite=False), run_dir)
     if status == "finished":
         print(f"run folder {run_dir}: this run already finished ({found.get('epochs')} epochs); its results are in "
               f"{os.path.join(run_dir, 'metrics.json')}. Pass --overwrite to train it again.")
-        return run_dir, found
-    state = found if status == "resume" else None
+        return found
+    ctx.status, ctx.state = status, found if status == "resume" else None
     if status == "new" and cfg.resume_from:
-        state = backup.latest(cfg.resume_from)
-        if state is None:
-            raise ValueError(f"--resume_from={cfg.resume_from}: no backup there ({backup.state_path(cfg.resume_from)} "
+        ctx.state = backup.latest(cfg.resume_from)
+        if ctx.state is None:
+            raise UsageError(f"--resume_from={cfg.resume_from}: no backup there ({backup.state_path(cfg.resume_from)} "
                              "is missing)")
-    last_epoch = cfg.stop_at_epoch or cfg.epochs  # the schedule stays that of --epochs
-    initial_step = state["step"] if state else 0
-    completed_epochs = state["epoch"] if state else 0
-    labelled = bool(info.num_classes) and cfg.online_probe
+    return None
 
-    def train_data(skip):
-        """The training stream from step ``skip`` on (deterministic given the seed)."""
-        if data.have_tensorflow():
-            return data.pretrain_dataset(info, cfg.batch_size, augmenter if cfg.augment_on == "host" else None,
-                                         shuffle=True, seed=cfg.seed, repeat=True, with_labels=labelled,
-                                         skip_batches=skip)  # Keras shards tf.data over processes itself
-        if cfg.augment_on == "device":  # e.g. the JAX-only GPU machine: in-memory uint8 batches
-            return data.numpy_batches(info, cfg.batch_size, shuffle=True, seed=cfg.seed, with_labels=labelled,
-                                      skip_batches=skip, shard=(process_id, num_processes))
-        raise ValueError("--augment_on=host uses tf.data, and TensorFlow is not installed here; "
-                         "use --augment_on=device")
 
-    with distribute.scope(strategy):
-        model = build_model(cfg, info, augmenter if cfg.augment_on == "device" else None,
-                            devices=distribute.num_data_parallel_devices(strategy))
+def _build_training_model(ctx):
+    """The model under the strategy, compiled, its optimizer's variables built, restored from the backup."""
+    import keras
+    from uniclr_tf import backup, distribute
+    cfg = ctx.cfg
+    with distribute.scope(ctx.strategy):
+        model = build_model(cfg, ctx.info, ctx.augmenter if cfg.augment_on == "device" else None,
+                            devices=distribute.num_data_parallel_devices(ctx.strategy), method=ctx.method)
         # JAX must jit ("auto"): with jit_compile=False Keras-on-JAX runs the step eagerly (~70x
         # slower on a GPU). TF runs a tf.function graph unless --jit_compile asks for XLA.
         jit = True if cfg.jit_compile else ("auto" if keras.backend.backend() == "jax" else False)
-        model.compile(optimizer=build_optimizer(cfg, steps_per_epoch), jit_compile=jit,
+        model.compile(optimizer=build_optimizer(cfg, ctx.steps_per_epoch, method=ctx.method), jit_compile=jit,
                       steps_per_execution=cfg.steps_per_execution)
         # The optimizer's variables now, with the model's (as a resume does), not inside fit: on JAX
         # their initialisers are XLA compiles of their own, which would count in the first epoch.
         model.optimizer.build(model.trainable_variables)
-        if state:
-            backup.restore(model, cfg.resume_from if status == "new" else run_dir, state)
+        if ctx.state:
+            backup.restore(model, cfg.resume_from if ctx.status == "new" else ctx.run_dir, ctx.state)
+    ctx.model = model
 
-    progress = backup.Progress(steps_per_epoch, initial_step)
-    preprocess = EvalPreprocess(size, info.mean, info.std)
-    callbacks = [StepClock()]  # first: its step_seconds end where the other callbacks' work begins
-    knn_train = knn_test = raw = knn = None
-    # The evaluations run on process 0 alone; in a multi-process job, on a local copy of the encoder
-    # (the job's arrays span every process, so a computation on them needs every process).
-    eval_encoder = model.encoder if num_processes == 1 else distribute.local_copy(model.encoder)
-    refresh = None if num_processes == 1 else (lambda: eval_encoder.set_weights(model.encoder.get_weights()))
-    local = contextlib.nullcontext if num_processes == 1 else distribute.local_only
-    if info.num_classes and chief:
+
+def _train_data(ctx, skip):
+    """The training stream from step ``skip`` on (deterministic given the seed)."""
+    from uniclr_tf import data
+    cfg, info = ctx.cfg, ctx.info
+    labelled = bool(info.num_classes) and cfg.online_probe
+    if data.have_tensorflow():
+        return data.pretrain_dataset(info, cfg.batch_size, ctx.augmenter if cfg.augment_on == "host" else None,
+                                     shuffle=True, seed=cfg.seed, repeat=True, with_labels=labelled,
+                                     skip_batches=skip)  # Keras shards tf.data over processes itself
+    if cfg.augment_on == "device":  # e.g. the JAX-only GPU machine: in-memory uint8 batches
+        return data.numpy_batches(info, cfg.batch_size, shuffle=True, seed=cfg.seed, with_labels=labelled,
+                                  skip_batches=skip, shard=(ctx.process_id, ctx.num_processes))
+    raise UsageError("--augment_on=host uses tf.data, and TensorFlow is not installed here; "
+                     "use --augment_on=device")
+
+
+def _prepare_evaluation(ctx):
+    """The kNN evaluations of process 0: the raw-pixel baseline now, the monitor for every N epochs."""
+    from uniclr_tf import distribute
+    from uniclr_tf.augment import EvalPreprocess
+    from uniclr_tf.callbacks import KNNMonitor
+    from uniclr_tf.evaluation import raw_pixel_knn
+    cfg, info, model = ctx.cfg, ctx.info, ctx.model
+    single = ctx.num_processes == 1
+    ev = Evaluation(model.encoder if single else distribute.local_copy(model.encoder),
+                    EvalPreprocess(ctx.size, info.mean, info.std),
+                    local=contextlib.nullcontext if single else distribute.local_only)
+    if not single:
+        ev.refresh = lambda: ev.encoder.set_weights(model.encoder.get_weights())
+    if info.num_classes and ctx.chief:
         # In-memory splits as arrays; streamed ones as tf.data batches, of which only features are kept.
-        knn_train = _eval_source(info, "train", cfg.knn_max_train or None)
-        knn_test = _eval_source(info, "test")
-        raw = raw_pixel_knn(knn_train, knn_test, info.num_classes, cfg.knn_k, cfg.knn_temperature)
-        knn = KNNMonitor(eval_encoder, preprocess, knn_train, knn_test, info.num_classes, every=cfg.knn_every,
-                         k=cfg.knn_k, temperature=cfg.knn_temperature, refresh=refresh, context=local)
-        callbacks.append(knn)
-    history = HistoryRecorder(run_dir, title=f"{cfg.method} · {os.path.basename(run_dir)} · {cfg.dataset}",
-                              reference={"raw-pixel kNN top-1": raw["top1"]} if raw else None,
-                              epochs=_read_history(run_dir, completed_epochs) if chief else ())
-    writer = backup.Writer(run_dir, method=cfg.method, enabled=chief, last=state)
-    with backup.Interrupts() as interrupts:
-        saver = backup.BackupCallback(writer, progress, every_s=60.0 * cfg.backup_every_minutes,
-                                      stop_after_steps=cfg.stop_after_steps, interrupts=interrupts,
-                                      method=cfg.method, before_write=history.pending_write if chief else None)
-        if chief:
-            callbacks.append(history)
-        if data.have_tensorflow() and chief:  # Keras's TensorBoard callback writes through tf.summary
-            callbacks.append(EpochTensorBoard(os.path.join(run_dir, "tb"), every_steps=cfg.tensorboard_every_steps,
-                                              steps_per_epoch=steps_per_epoch, initial_step=initial_step))
-        callbacks.append(saver)  # it backs up what the others have written for the epoch
-        if chief:  # after the saver: it keeps the backup of each epoch it finds healthy
-            # (the kNN monitor runs on process 0 alone: in a job of several processes it only warns)
-            on_collapse = cfg.on_collapse if num_processes == 1 else "warn"
-            callbacks.append(CollapseDetector(int(cfg.projector_dims[-1]), raw["top1"] if raw else None,
-                                              cfg.warmup_epochs, on_collapse, run_dir, writer,
-                                              knn_margin=cfg.collapse_knn_margin,
-                                              std_fraction=cfg.collapse_std_fraction))
-        verbose = cfg.verbose or (1 if sys.stdout.isatty() else 2)
-        print(f"run folder: {run_dir}" + _resume_note(state, cfg.epochs)
-              + f"\nmethod: {method!r}, logging {', '.join(method.terms)}\n"
-              f"{cfg.dataset}: {num_train} training images {tuple(info.image_shape)}, "
-              f"{steps_per_epoch} steps/epoch of batch {cfg.batch_size}, backend {keras.backend.backend()}",
-              flush=True)
-        for line in method.setup_warnings():
-            print(line, flush=True)
+        ev.train = _eval_source(info, "train", cfg.knn_max_train or None)
+        ev.test = _eval_source(info, "test")
+        ev.raw = raw_pixel_knn(ev.train, ev.test, info.num_classes, cfg.knn_k, cfg.knn_temperature)
+        ev.monitor = KNNMonitor(ev.encoder, ev.preprocess, ev.train, ev.test, info.num_classes, every=cfg.knn_every,
+                                k=cfg.knn_k, temperature=cfg.knn_temperature, refresh=ev.refresh, context=ev.local)
+    return ev
+
+
+def _callbacks(ctx, ev, fit, interrupts):
+    """The step clock first (its step_seconds end where the other callbacks' work begins), the kNN
+    monitor, the history, TensorBoard, the backups (of what the others wrote for the epoch), then the
+    collapse detector (it keeps the backup of each epoch it finds healthy)."""
+    from uniclr_tf import backup, data
+    from uniclr_tf.callbacks import CollapseDetector, EpochTensorBoard, StepClock
+    cfg, chief = ctx.cfg, ctx.chief
+    callbacks = [StepClock()] + ([ev.monitor] if ev.monitor else [])
+    saver = backup.BackupCallback(fit.writer, fit.progress, every_s=60.0 * cfg.backup_every_minutes,
+                                  stop_after_steps=cfg.stop_after_steps, interrupts=interrupts,
+                                  method=cfg.method, before_write=fit.history.pending_write if chief else None)
+    if chief:
+        callbacks.append(fit.history)
+    if data.have_tensorflow() and chief:  # Keras's TensorBoard callback writes through tf.summary
+        callbacks.append(EpochTensorBoard(os.path.join(ctx.run_dir, "tb"), every_steps=cfg.tensorboard_every_steps,
+                                          steps_per_epoch=ctx.steps_per_epoch, initial_step=ctx.initial_step))
+    callbacks.append(saver)
+    if chief:  # (the kNN monitor runs on process 0 alone: in a job of several processes it only warns)
+        on_collapse = cfg.on_collapse if ctx.num_processes == 1 else "warn"
+        callbacks.append(CollapseDetector(int(cfg.projector_dims[-1]), ev.raw["top1"] if ev.raw else None,
+                                          cfg.warmup_epochs, on_collapse, ctx.run_dir, fit.writer,
+                                          knn_margin=cfg.collapse_knn_margin, std_fraction=cfg.collapse_std_fraction))
+    return callbacks
+
+
+def _announce(ctx):
+    """The run's first lines: its folder (and where it resumes), the method, the data and the steps."""
+    import keras
+    cfg = ctx.cfg
+    print(f"run folder: {ctx.run_dir}" + _resume_note(ctx.state, cfg.epochs)
+          + f"\nmethod: {ctx.method!r}, logging {', '.join(ctx.method.terms)}\n"
+          f"{cfg.dataset}: {ctx.num_train} training images {tuple(ctx.info.image_shape)}, "
+          f"{ctx.steps_per_epoch} steps/epoch of batch {cfg.batch_size}, backend {keras.backend.backend()}",
+          flush=True)
+    for line in ctx.method.setup_warnings():
+        print(line, flush=True)
+
+
+def _fit(ctx, ev):
+    """Trains to the last epoch. A failure (diverged, collapsed, interrupted at once) is written to
+    metrics.json and raised; a stop with a backup (a signal, --stop_after_steps) is ``Fit.stopped``."""
+    from uniclr_tf import backup
+    from uniclr_tf.callbacks import HistoryRecorder, TrainingCollapsed
+    cfg, run_dir = ctx.cfg, ctx.run_dir
+    completed_epochs = ctx.state["epoch"] if ctx.state else 0
+    fit = Fit(HistoryRecorder(run_dir, title=f"{cfg.method} · {os.path.basename(run_dir)} · {cfg.dataset}",
+                              reference={"raw-pixel kNN top-1": ev.raw["top1"]} if ev.raw else None,
+                              epochs=_read_history(run_dir, completed_epochs) if ctx.chief else ()),
+              backup.Writer(run_dir, method=cfg.method, enabled=ctx.chief, last=ctx.state),
+              backup.Progress(ctx.steps_per_epoch, ctx.initial_step))
+    with backup.Interrupts() as fit.interrupts:
+        callbacks = _callbacks(ctx, ev, fit, fit.interrupts)
+        _announce(ctx)
         start = time.perf_counter()
-        stopped = None
         try:
-            epoch = initial_step // steps_per_epoch
-            if initial_step % steps_per_epoch:  # resumed mid-epoch: finish that epoch first
-                # (a multiple of --steps_per_execution: backups happen between blocks, which divide an epoch)
-                # epochs=cfg.epochs, stopped after this one: the progress bar says "Epoch E/<epochs>"
-                model.fit(train_data(initial_step), initial_epoch=epoch, epochs=cfg.epochs,
-                          steps_per_epoch=steps_per_epoch - initial_step % steps_per_epoch,
-                          callbacks=callbacks + [_stop_after_one_epoch()], verbose=verbose)
-                epoch += 1
-            if epoch < last_epoch:
-                model.fit(train_data(epoch * steps_per_epoch), initial_epoch=epoch, epochs=last_epoch,
-                          steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose)
-            writer.wait()  # the last backup is on disk (and was finite)
+            _fit_epochs(ctx, callbacks)
+            fit.writer.wait()  # the last backup is on disk (and was finite)
         except backup.StopTraining as e:  # between two steps, after a backup
-            stopped = e.reason
-            if chief:
-                history.write()
+            fit.stopped = e.reason
+            if ctx.chief:
+                fit.history.write()
         except backup.TrainingDiverged as e:
-            _record_failure(run_dir, cfg, "diverged", str(e), progress)
+            _record_failure(run_dir, cfg, "diverged", str(e), fit.progress)
             raise
         except TrainingCollapsed as e:  # a run that looks finished must not be one that collapsed
-            history.write()
-            # its encoder as it is (export and release refuse it unless --force), as a stopped run's
-            runs.atomic_save(os.path.join(run_dir, "encoder.keras"), model.encoder.save)
-            runs.atomic_save(os.path.join(run_dir, "projector.keras"), model.projector.save)
-            _record_failure(run_dir, cfg, "collapsed", str(e), progress, signal=e.signal,
-                            healthy_epoch=e.healthy_epoch)
+            _record_collapse(ctx, fit, e)
             raise
         except backup.Interrupted as e:  # a second SIGINT: stopped at once, between two backups
-            writer.wait(raise_error=False)  # a backup being written is finished first
-            last = writer.last
-            backup.set_phase("stopped at once, no backup of this step; " + (
-                f"the last backup is at epoch {last['epoch'] + 1}, step {last['step']}: rerun the same command to "
-                "resume from it" if last else "no backup yet: rerunning the same command starts over"))
-            if chief:
-                _record_failure(run_dir, cfg, "interrupted", f"{e} (stopped at once)", progress, last)
+            _record_interrupted(ctx, fit, e)
             raise
         except Exception as e:
-            if "Cholesky" in str(e) or "NaN" in str(e):  # TF raises inside the step on a NaN covariance
-                message = backup.divergence_message(progress.epoch + 1, progress.step, ["covariance (Cholesky)"],
-                                                    method=cfg.method)
-                _record_failure(run_dir, cfg, "diverged", message, progress)
-                raise backup.TrainingDiverged(message) from None
+            if _diverged_in_step(e):
+                raise _record_divergence(ctx, fit) from None
             raise
         finally:
-            writer.wait(raise_error=False)
-            history.wait()
-        train_seconds = time.perf_counter() - start
-    backup.set_phase(_after_training_phase(writer.last, stopped))
+            fit.writer.wait(raise_error=False)
+            fit.history.wait()
+        fit.seconds = time.perf_counter() - start
+    return fit
 
-    # Saving a model of a multi-process job is collective (every process calls it, in the same
-    # order; each writes its own temporary file and the identical results are renamed into place).
-    if stopped is not None:
-        code = backup.EXIT_PAUSED if stopped == "stop_after_steps" else 128 + int(interrupts.signal or 15)
-        # The folder stays usable: export and linear_eval read the encoder of the backed-up weights.
-        runs.atomic_save(os.path.join(run_dir, "encoder.keras"), model.encoder.save)
-        runs.atomic_save(os.path.join(run_dir, "projector.keras"), model.projector.save)
-        if chief:
-            _record_failure(run_dir, cfg, "interrupted", stopped, progress)
-        last = writer.last
-        if last is None:  # stopped before its first step: nothing to back up
-            raise backup.TrainingStopped(f"stopped before the first step ({stopped}); no backup was needed. Rerun "
-                                         "the same command to start the run.", code)
-        raise backup.TrainingStopped(
-            f"stopped at epoch {last['epoch'] + 1}, step {last['step']} ({stopped}); backup saved in "
-            f"{os.path.join(run_dir, backup.BACKUP_DIR)}. Rerun the same command to resume.", code)
-    runs.atomic_save(os.path.join(run_dir, "encoder.keras"), model.encoder.save)
-    runs.atomic_save(os.path.join(run_dir, "projector.keras"), model.projector.save)
-    runs.atomic_save(os.path.join(run_dir, "model.weights.h5"), model.save_weights)
-    if not chief:
-        distribute.barrier("run finished", num_processes, strategy)
-        return run_dir, {"status": "finished", "process_id": process_id}
-    metrics = {"status": "finished", "method": cfg.method, "epochs": last_epoch,
-               "steps": last_epoch * steps_per_epoch,
-               "final_loss": history.epochs[-1].get("loss") if history.epochs else None,
-               "seconds": {"this_invocation": train_seconds, "knn_monitor": knn.seconds if knn else 0.0}}
+
+def _fit_epochs(ctx, callbacks):
+    """``model.fit`` from the resumed step to the last epoch: a partial epoch first, alone."""
+    cfg, model, steps_per_epoch, initial_step = ctx.cfg, ctx.model, ctx.steps_per_epoch, ctx.initial_step
+    verbose = cfg.verbose or (1 if sys.stdout.isatty() else 2)
+    epoch = initial_step // steps_per_epoch
+    if initial_step % steps_per_epoch:  # resumed mid-epoch: finish that epoch first
+        # (a multiple of --steps_per_execution: backups happen between blocks, which divide an epoch)
+        # epochs=cfg.epochs, stopped after this one: the progress bar says "Epoch E/<epochs>"
+        model.fit(_train_data(ctx, initial_step), initial_epoch=epoch, epochs=cfg.epochs,
+                  steps_per_epoch=steps_per_epoch - initial_step % steps_per_epoch,
+                  callbacks=callbacks + [_stop_after_one_epoch()], verbose=verbose)
+        epoch += 1
+    if epoch < ctx.last_epoch:
+        model.fit(_train_data(ctx, epoch * steps_per_epoch), initial_epoch=epoch, epochs=ctx.last_epoch,
+                  steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose)
+
+
+def _save_encoder(ctx):
+    """``encoder.keras`` and ``projector.keras`` as they are (atomically; collective on several processes)."""
+    from uniclr_tf import runs
+    runs.atomic_save(os.path.join(ctx.run_dir, "encoder.keras"), ctx.model.encoder.save)
+    runs.atomic_save(os.path.join(ctx.run_dir, "projector.keras"), ctx.model.projector.save)
+
+
+def _record_collapse(ctx, fit, e):
+    """A collapsed run: its history, its encoder as it is (export and release refuse it unless
+    --force, as a stopped run's), and metrics.json saying "collapsed"."""
+    fit.history.write()
+    _save_encoder(ctx)
+    _record_failure(ctx.run_dir, ctx.cfg, "collapsed", str(e), fit.progress, signal=e.signal,
+                    healthy_epoch=e.healthy_epoch)
+
+
+def _record_interrupted(ctx, fit, e):
+    """Stopped at once (a second SIGINT): the backup being written is finished first; says what is left."""
+    from uniclr_tf import backup
+    fit.writer.wait(raise_error=False)
+    last = fit.writer.last
+    backup.set_phase("stopped at once, no backup of this step; " + (
+        f"the last backup is at epoch {last['epoch'] + 1}, step {last['step']}: rerun the same command to "
+        "resume from it" if last else "no backup yet: rerunning the same command starts over"))
+    if ctx.chief:
+        _record_failure(ctx.run_dir, ctx.cfg, "interrupted", f"{e} (stopped at once)", fit.progress, last)
+
+
+def _diverged_in_step(error):
+    """Whether a step failed on a non-finite covariance: TensorFlow raises from inside the compiled step
+    (XLA's Cholesky, a numerics check: a ``tf.errors.OpError`` naming it); JAX returns NaN, which the
+    backups' finiteness checks catch (:class:`uniclr_tf.backup.TrainingDiverged`)."""
+    tf = sys.modules.get("tensorflow")  # never imported here: a TF error needs TensorFlow loaded
+    if tf is None or not isinstance(error, tf.errors.OpError):
+        return False
+    return "Cholesky" in str(error) or "NaN" in str(error)
+
+
+def _record_divergence(ctx, fit):
+    """A step that failed on a non-finite covariance: metrics.json says "diverged"; returns the error to raise."""
+    from uniclr_tf import backup
+    message = backup.divergence_message(fit.progress.epoch + 1, fit.progress.step, ["covariance (Cholesky)"],
+                                        method=ctx.cfg.method)
+    _record_failure(ctx.run_dir, ctx.cfg, "diverged", message, fit.progress)
+    return backup.TrainingDiverged(message)
+
+
+def _stop_with_backup(ctx, fit):
+    """A run stopped early with a backup: the folder stays usable (export and linear_eval read the
+    encoder of the backed-up weights), metrics.json says "interrupted"; raises TrainingStopped."""
+    from uniclr_tf import backup
+    stopped = fit.stopped
+    code = backup.EXIT_PAUSED if stopped == "stop_after_steps" else 128 + int(fit.interrupts.signal or 15)
+    _save_encoder(ctx)
+    if ctx.chief:
+        _record_failure(ctx.run_dir, ctx.cfg, "interrupted", stopped, fit.progress)
+    last = fit.writer.last
+    if last is None:  # stopped before its first step: nothing to back up
+        raise backup.TrainingStopped(f"stopped before the first step ({stopped}); no backup was needed. Rerun "
+                                     "the same command to start the run.", code)
+    raise backup.TrainingStopped(
+        f"stopped at epoch {last['epoch'] + 1}, step {last['step']} ({stopped}); backup saved in "
+        f"{os.path.join(ctx.run_dir, backup.BACKUP_DIR)}. Rerun the same command to resume.", code)
+
+
+def _finish(ctx, ev, fit):
+    """The final stage: saves, final kNN, pictures, export, then metrics.json ("finished" is written
+    last, after every artefact asked for). Saving a model of a multi-process job is collective (every
+    process calls it, in the same order; each writes its own temporary file and the identical results
+    are renamed into place)."""
+    from uniclr_tf import backup, data, distribute, runs
+    cfg, info, run_dir = ctx.cfg, ctx.info, ctx.run_dir
+    backup.set_phase(_after_training_phase(fit.writer.last, fit.stopped))
+    if fit.stopped is not None:
+        _stop_with_backup(ctx, fit)
+    _save_encoder(ctx)
+    runs.atomic_save(os.path.join(run_dir, "model.weights.h5"), ctx.model.save_weights)
+    if not ctx.chief:
+        distribute.barrier("run finished", ctx.num_processes, ctx.strategy)
+        return {"status": "finished", "process_id": ctx.process_id}
+    metrics = {"status": "finished", "method": cfg.method, "epochs": ctx.last_epoch,
+               "steps": ctx.last_epoch * ctx.steps_per_epoch,
+               "final_loss": fit.history.epochs[-1].get("loss") if fit.history.epochs else None,
+               "seconds": {"this_invocation": fit.seconds, "knn_monitor": ev.monitor.seconds if ev.monitor else 0.0}}
     if info.num_classes:
-        with local():
-            if refresh:
-                refresh()
-            # with the effective rank: the kNN monitor's compiled program again, not a second one
-            ssl = knn_eval(eval_encoder, preprocess, knn_train, knn_test, info.num_classes, cfg.knn_k,
-                           cfg.knn_temperature, batch_size=2048, with_rank=True)
-        metrics.update(knn_top1=ssl["top1"], knn_top5=ssl["top5"], effective_rank=ssl["effective_rank"],
-                       raw_pixel_knn_top1=raw["top1"], raw_pixel_knn_top5=raw["top5"],
-                       raw_pixel_knn_memory_bank=raw["memory_bank"],
-                       knn_memory_bank=min(cfg.knn_max_train or info.num_train, info.num_train),
-                       knn_test=info.num_test)
-        metrics["below_raw_pixel_baseline"] = bool(ssl["top1"] < raw["top1"])
-        print(f"kNN top-1 (k={cfg.knn_k}, T={cfg.knn_temperature}) on the test split: {ssl['top1']:.4f} | "
-              f"raw-pixel kNN baseline: {raw['top1']:.4f}"
-              + (" | below the raw-pixel baseline: this run learned nothing useful" if ssl["top1"] < raw["top1"]
-                 else ""))
+        metrics.update(_final_knn(ctx, ev))
     skipped = info.skipped_while_streaming()
     if skipped:
         metrics["skipped_while_streaming"] = len(skipped)
         print(f"{cfg.dataset}: skipped {len(skipped)} bad image file(s) while streaming (first: {skipped[0]})")
-    if cfg.pictures:  # on a sample of a streamed split (its first images; their order is shuffled)
-        from uniclr_tf import pictures
-        train_images = knn_train if isinstance(knn_train, tuple) else _picture_sample(info, "train", 10000)
-        test_images = knn_test if isinstance(knn_test, tuple) else _picture_sample(info, "test", 2000)
-        with local():
-            drawn = pictures.write_run_pictures(
-                run_dir, eval_encoder, preprocess, augmenter, train_images, test_images,
-                class_names=pictures.FASHION_MNIST_CLASSES if cfg.dataset == "fashion_mnist" else None,
-                tensorboard=data.have_tensorflow(), batch_size=2048)  # the kNN's batch: its compiled features
-        metrics["pictures"] = {k: os.path.basename(v) for k, v in drawn.items()}
-        print("pictures: " + "  ".join(v for k, v in drawn.items() if k in ("views", "neighbours", "embedding")))
+    if cfg.pictures:
+        metrics["pictures"] = _write_pictures(ctx, ev, tensorboard=data.have_tensorflow())
     if cfg.export:  # before metrics.json: "finished" is written last, after every artefact asked for
         from uniclr_tf.export import export_run
         export_run(run_dir, os.path.join(run_dir, "export"), overwrite=True)
     runs.atomic_write_json(os.path.join(run_dir, "metrics.json"), metrics)
-    distribute.barrier("run finished", num_processes, strategy)
-    return run_dir, metrics
+    distribute.barrier("run finished", ctx.num_processes, ctx.strategy)
+    return metrics
+
+
+def _final_knn(ctx, ev):
+    """The final kNN of the encoder next to the raw-pixel baseline (printed): metrics.json's fields."""
+    from uniclr_tf.evaluation import knn_eval
+    cfg, info, raw = ctx.cfg, ctx.info, ev.raw
+    with ev.local():
+        if ev.refresh:
+            ev.refresh()
+        # with the effective rank: the kNN monitor's compiled program again, not a second one
+        ssl = knn_eval(ev.encoder, ev.preprocess, ev.train, ev.test, info.num_classes, cfg.knn_k,
+                       cfg.knn_temperature, batch_size=2048, with_rank=True)
+    metrics = dict(knn_top1=ssl["top1"], knn_top5=ssl["top5"], effective_rank=ssl["effective_rank"],
+                   raw_pixel_knn_top1=raw["top1"], raw_pixel_knn_top5=raw["top5"],
+                   raw_pixel_knn_memory_bank=raw["memory_bank"],
+                   knn_memory_bank=min(cfg.knn_max_train or info.num_train, info.num_train),
+                   knn_test=info.num_test)
+    metrics["below_raw_pixel_baseline"] = bool(ssl["top1"] < raw["top1"])
+    print(f"kNN top-1 (k={cfg.knn_k}, T={cfg.knn_temperature}) on the test split: {ssl['top1']:.4f} | "
+          f"raw-pixel kNN baseline: {raw['top1']:.4f}"
+          + (" | below the raw-pixel baseline: this run learned nothing useful" if ssl["top1"] < raw["top1"]
+             else ""))
+    return metrics
+
+
+def _write_pictures(ctx, ev, tensorboard):
+    """views.png, neighbours.png, embedding.png (and TensorBoard's), on a sample of a streamed split
+    (its first images; their order is shuffled); returns their file names."""
+    from uniclr_tf import pictures
+    cfg, info = ctx.cfg, ctx.info
+    train_images = ev.train if isinstance(ev.train, tuple) else _picture_sample(info, "train", 10000)
+    test_images = ev.test if isinstance(ev.test, tuple) else _picture_sample(info, "test", 2000)
+    with ev.local():
+        drawn = pictures.write_run_pictures(
+            ctx.run_dir, ev.encoder, ev.preprocess, ctx.augmenter, train_images, test_images,
+            class_names=pictures.FASHION_MNIST_CLASSES if cfg.dataset == "fashion_mnist" else None,
+            tensorboard=tensorboard, batch_size=2048)  # the kNN's batch: its compiled features
+    print("pictures: " + "  ".join(v for k, v in drawn.items() if k in ("views", "neighbours", "embedding")))
+    return {k: os.path.basename(v) for k, v in drawn.items()}
 
 
 #: Batch of the evaluation passes over a streamed split (decoded uint8 images in flight).
@@ -693,7 +890,10 @@ def main(argv):
     from uniclr_tf.data import DataError, bad_file_message
     from uniclr_tf.runs import RunFolderError
     try:
-        cfg = config_from_flags()
+        try:
+            cfg = config_from_flags()
+        except ValueError as e:  # building the config from the flags: what fails is a flag's value
+            raise UsageError(str(e)) from None
         with backup.Interrupts(immediate=True):  # outside training a signal stops at once (training: a backup)
             run(cfg)
     except backup.TrainingStopped as e:  # a backup is on disk; rerunning resumes
@@ -712,9 +912,7 @@ def main(argv):
             sys.exit(f"error: could not write {e.filename or 'a file'} ({e.strerror}); files written before are "
                      "intact, including the last backup: make room and rerun the same command to resume")
         raise
-    except ValueError as e:
-        if "cfg" in locals() and not str(e).startswith("--"):
-            raise  # a bug, not a bad flag: keep the traceback
+    except UsageError as e:  # a bad flag or value, named; any other ValueError is a bug: its traceback
         sys.exit(f"error: {e}")
     except Exception as e:  # a streamed image that fails to decode (tf.data's error carries its name)
         bad = bad_file_message(e)

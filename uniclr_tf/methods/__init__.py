@@ -9,6 +9,7 @@ batch, its two-replica parity and its export, with no new test code.
 
 import importlib
 
+from uniclr_tf.errors import UsageError
 from uniclr_tf.methods.base import COMMON_OPTIONS, Method, Option
 
 # name -> "module:Class" (imported on first use).
@@ -40,7 +41,7 @@ def names():
 def get(name):
     """The ``Method`` subclass registered as ``name``."""
     if name not in REGISTRY:
-        raise ValueError(f"--method: expected one of {names()}; received {name!r}")
+        raise UsageError(f"--method: expected one of {names()}; received {name!r}")
     module, cls = REGISTRY[name].split(":")
     return getattr(importlib.import_module(f"uniclr_tf.methods.{module}"), cls)
 

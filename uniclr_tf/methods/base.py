@@ -40,6 +40,7 @@ from typing import Any, Callable
 from keras import ops
 
 from uniclr_tf import heads, objectives
+from uniclr_tf.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,11 +130,11 @@ class Method:
         for key, value in self.options.items():
             spec = self.spec(key)
             if spec.choices and value not in spec.choices:
-                raise ValueError(f"--{key}: expected one of {spec.choices}; received {value!r}")
+                raise UsageError(f"--{key}: expected one of {spec.choices}; received {value!r}")
             if not spec.choices and not spec.check(value):
-                raise ValueError(f"--{key}: expected {spec.expected} for --method={self.name}; received {value!r}")
+                raise UsageError(f"--{key}: expected {spec.expected} for --method={self.name}; received {value!r}")
         if self.target == "ema" and not self.options.get("ema_momentum"):
-            raise ValueError(f"--ema_momentum: {self.name} needs an EMA target, so a number in (0, 1); "
+            raise UsageError(f"--ema_momentum: {self.name} needs an EMA target, so a number in (0, 1); "
                              f"received {self.options.get('ema_momentum')!r}")
 
     # --- declarations ------------------------------------------------------------------------
@@ -192,12 +193,12 @@ class Method:
         ``batch_size`` is the number of rows one loss call sees (global, or per replica)."""
         groups = self.options.get("whitening_groups")
         if groups and embedding_dim % groups:
-            raise ValueError(f"--whitening_groups={groups}: expected a positive divisor of the embedding size "
+            raise UsageError(f"--whitening_groups={groups}: expected a positive divisor of the embedding size "
                              f"{embedding_dim} (--projector_dims)")
         if self.whitens and self.options.get("whitening_mode", "cholesky") == "cholesky" and "eps" not in self.given:
             per_group = embedding_dim // (groups or 1)
             if 2 * batch_size <= per_group:
-                raise ValueError(
+                raise UsageError(
                     f"--batch_size={batch_size}: {self.name} whitens the 2N = {2 * batch_size} rows of both views, "
                     f"fewer than the {per_group} features per whitening group (--projector_dims ending in "
                     f"{embedding_dim}, --whitening_groups={groups or 1}): the covariance is singular, the whitened "

@@ -8,6 +8,7 @@ least ``2·D`` (W-MSE's 128 rows for D = 64), or the whole batch.
 """
 
 from uniclr_tf import objectives
+from uniclr_tf.errors import UsageError
 from uniclr_tf.methods.base import Method, Option
 
 
@@ -33,9 +34,9 @@ class WMSE(Method):
     def check_setup(self, batch_size, embedding_dim):
         size = self.sub_batch(batch_size, embedding_dim)
         if batch_size % size:
-            raise ValueError(f"--whitening_size={size} must divide the batch of {batch_size} rows (--batch_size)")
+            raise UsageError(f"--whitening_size={size} must divide the batch of {batch_size} rows (--batch_size)")
         if size <= embedding_dim:
-            raise ValueError(f"--whitening_size={size}: W-MSE whitens sub-batches of this many rows, which must "
+            raise UsageError(f"--whitening_size={size}: W-MSE whitens sub-batches of this many rows, which must "
                              f"exceed the embedding size {embedding_dim} (--projector_dims) for a full-rank covariance")
 
     def pair_loss(self, online, target, state):

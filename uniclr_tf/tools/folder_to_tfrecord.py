@@ -26,6 +26,8 @@ import sys
 
 from absl import flags, logging
 
+from uniclr_tf.errors import UsageError
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("folder", None, "The image folder (as for --dataset=folder:PATH).")
 flags.DEFINE_string("out", None, "Output prefix, e.g. /data/pets: writes /data/pets-train-*.tfrecord, "
@@ -74,14 +76,14 @@ def convert(folder, out, shards=0, holdout_fraction=0.1, skip_bad_files=False, o
     if not os.path.isdir(root):
         raise DataError(f"--folder={folder}: no such folder")
     if not 0 < holdout_fraction <= 0.5:
-        raise ValueError(f"--holdout_fraction: expected a number in (0, 0.5]; received {holdout_fraction}")
+        raise UsageError(f"--holdout_fraction: expected a number in (0, 0.5]; received {holdout_fraction}")
     if shards < 0:
-        raise ValueError(f"--shards: expected an integer >= 0; received {shards}")
+        raise UsageError(f"--shards: expected an integer >= 0; received {shards}")
     prefix = os.path.abspath(os.path.expanduser(out))
     earlier = sorted(glob.glob(glob.escape(prefix) + "-*.tfrecord")) + (
         [prefix + ".json"] if os.path.exists(prefix + ".json") else [])
     if earlier and not overwrite:
-        raise ValueError(f"--out={out}: {earlier[0]} exists (an earlier conversion?); pass --overwrite to replace "
+        raise UsageError(f"--out={out}: {earlier[0]} exists (an earlier conversion?); pass --overwrite to replace "
                          "it, or another --out")
     for path in earlier:
         os.remove(path)
