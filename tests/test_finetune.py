@@ -15,8 +15,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT, write_stripes_folder
 
-from uniclr_tf import finetune as ft
-from uniclr_tf import protocols
+from uniclr_tf.evaluation import finetune as ft
+from uniclr_tf.evaluation import protocols
 
 
 def run_module(*args, backend="tensorflow", timeout=300):

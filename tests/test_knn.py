@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from uniclr_tf import knn
+from uniclr_tf.evaluation import knn
 
 
 def brute_force_scores(train, labels, test, num_classes, k, temperature):
@@ -54,7 +54,7 @@ def test_jax_knn_monitor_keeps_features_on_the_device(run_python):
     of the host path (extract_features + NumPy kNN) for a real encoder, with a ragged last batch."""
     out = run_python("""
 import numpy as np
-from uniclr_tf import evaluation, knn
+from uniclr_tf.evaluation import features as evaluation, knn
 from uniclr_tf.augment import EvalPreprocess
 from uniclr_tf.encoders import build_encoder
 rng = np.random.default_rng(0)

@@ -16,8 +16,8 @@ import pytest
 
 from tests.conftest import NO_TENSORFLOW, REPO_ROOT, run_python_snippet, write_stripes_folder
 
-from uniclr_tf import linear_eval as le
-from uniclr_tf import protocols
+from uniclr_tf.evaluation import linear as le
+from uniclr_tf.evaluation import protocols
 
 FULL_KEY = "linear[fashion_mnist, labels=100%]"
 
@@ -236,7 +236,7 @@ def jax_without_tensorflow(run_dir, stripes28, tmp_path_factory):
 import json
 import numpy as np
 from tests.test_linear_eval import repeated_batch_losses
-from uniclr_tf import linear_eval as le
+from uniclr_tf.evaluation import linear as le
 runs = {{}}
 for name, extra in (("device", dict(augment_on="device")), ("noaugment", dict(augment=False))):
     cfg = le.LinearEvalConfig(run_dir={str(run_dir)!r}, dataset={f"folder:{stripes28}"!r}, epochs=3,

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import NO_TENSORFLOW, PythonJob, file_tree, run_cli_forks
-from uniclr_tf import protocols
+from uniclr_tf.evaluation import protocols
 from uniclr_tf.runs import RunFolder, RunFolderError
 from uniclr_tf.tools import release
 

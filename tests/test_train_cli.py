@@ -196,7 +196,7 @@ def test_help_lists_every_flag_by_group_with_its_default(cli):
     import dataclasses
 
     from uniclr_tf import methods
-    from uniclr_tf.linear_eval import LinearEvalConfig
+    from uniclr_tf.evaluation.linear import LinearEvalConfig
 
     proc = cli["help/train"][1].result()
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -29,7 +29,8 @@ import warnings
 
 import numpy as np
 
-from uniclr_tf.evaluation import _to_numpy
+from uniclr_tf.data.sources.fashion_mnist import FASHION_MNIST_CLASSES  # noqa: F401 (in __all__)
+from uniclr_tf.evaluation.features import _to_numpy
 from uniclr_tf.runs import atomic_save
 
 __all__ = [
@@ -43,10 +44,6 @@ __all__ = [
     "views_grid",
     "write_run_pictures",
 ]
-
-#: Fashion-MNIST's class names in label order.
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
-                         "Sneaker", "Bag", "Ankle boot")
 
 #: Frame colours of :func:`neighbours_grid`: neighbour of the query's class / of another class /
 #: label unknown; and the darker shades used for their text.
@@ -659,7 +656,7 @@ def write_run_pictures(run_dir, encoder, preprocess, augmenter, train, test, cla
             _warn("views.png", e)
     train_f = test_f = None
     try:
-        from uniclr_tf.evaluation import features_on_host
+        from uniclr_tf.evaluation.features import features_on_host
 
         train_f = features_on_host(encoder, preprocess, train_x, batch_size)
         test_f = features_on_host(encoder, preprocess, test_x, batch_size)

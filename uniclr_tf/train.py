@@ -788,13 +788,14 @@ def _write_pictures(ctx, ev, tensorboard):
     """views.png, neighbours.png, embedding.png (and TensorBoard's), on a sample of a streamed split
     (its first images; their order is shuffled); returns their file names."""
     from uniclr_tf import pictures
+    from uniclr_tf.data import FASHION_MNIST_CLASSES
     cfg, info = ctx.cfg, ctx.info
     train_images = ev.train if isinstance(ev.train, tuple) else _picture_sample(info, "train", 10000)
     test_images = ev.test if isinstance(ev.test, tuple) else _picture_sample(info, "test", 2000)
     with ev.local():
         drawn = pictures.write_run_pictures(
             ctx.run_dir, ev.encoder, ev.preprocess, ctx.augmenter, train_images, test_images,
-            class_names=pictures.FASHION_MNIST_CLASSES if cfg.dataset == "fashion_mnist" else None,
+            class_names=FASHION_MNIST_CLASSES if cfg.dataset == "fashion_mnist" else None,
             tensorboard=tensorboard, batch_size=2048)  # the kNN's batch: its compiled features
     print("pictures: " + "  ".join(v for k, v in drawn.items() if k in ("views", "neighbours", "embedding")))
     return {k: os.path.basename(v) for k, v in drawn.items()}

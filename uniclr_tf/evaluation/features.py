@@ -10,7 +10,7 @@ import functools
 
 import numpy as np
 
-from uniclr_tf import knn
+from uniclr_tf.evaluation import knn
 
 #: Test rows scored per chunk by the kNN of device features (``[chunk, N_train]`` similarities at once).
 KNN_CHUNK = 1024
@@ -218,7 +218,7 @@ def effective_rank(features):
 @functools.lru_cache(maxsize=None)
 def _device_knn_program(n_train, n_test, num_classes, k, temperature, chunk_size, with_rank):
     """The kNN monitor's maths after the features, as one compiled program (JAX): the feature
-    batches joined, the kNN scores (:func:`uniclr_tf.knn.knn_scores`) and the effective rank."""
+    batches joined, the kNN scores (:func:`uniclr_tf.evaluation.knn.knn_scores`) and the effective rank."""
     from uniclr_tf.tensors import compiled
 
     def knn_eval_device(train_batches, train_labels, test_batches):
