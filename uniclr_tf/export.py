@@ -100,14 +100,13 @@ def check_images(images, channels):
 
 
 def check_run_dir(run_dir, force=False):
-    """The :class:`uniclr_tf.runs.RunFolder` of ``run_dir``; raises ``RunFolderError`` (a
-    ``ValueError``, one line naming the folder and the missing file) unless it holds ``RUN_FILES``,
-    or when its ``metrics.json`` says the run collapsed (unless ``force``)."""
-    folder = RunFolder(run_dir, require=RUN_FILES)
-    if not force and folder.has("metrics.json") and folder.read_json("metrics.json").get("status") == "collapsed":
-        raise folder.error("metrics.json", "says the run collapsed: its encoder would serve a collapsed "
-                                           "representation; pass --force to export it anyway")
-    return folder
+    """The :class:`uniclr_tf.runs.RunFolder` of ``run_dir``
+    (:func:`uniclr_tf.evaluation.run.check_run_dir`); raises ``RunFolderError`` (a ``ValueError``,
+    one line naming the folder and the missing file) unless it holds ``RUN_FILES``, or when its
+    ``metrics.json`` says the run collapsed (unless ``force``)."""
+    from uniclr_tf.evaluation.run import check_run_dir as check_files
+    return check_files(run_dir, RUN_FILES, refuse_collapsed="" if force else (
+        "its encoder would serve a collapsed representation; pass --force to export it anyway"))
 
 
 def find_saved_model(export_dir):
@@ -289,12 +288,12 @@ def build_serving_fn(encoder, projector, preprocess):
 
 def load_run(run_dir):
     """``(encoder, projector, EvalPreprocess, dataset.json dict)`` of a run folder, checked
-    (channels, feature size) by :class:`uniclr_tf.runs.RunFolder`."""
-    folder = check_run_dir(run_dir)
-    info = folder.dataset
-    encoder = folder.load_encoder()
-    projector = folder.load_projector(feature_dim=encoder.output_shape[-1])
-    return encoder, projector, folder.eval_preprocess(), info
+    (channels, feature size) by :class:`uniclr_tf.runs.RunFolder`
+    (:func:`uniclr_tf.evaluation.run.load_run` of the files an export reads)."""
+    from uniclr_tf.evaluation.run import load_run as load
+    check_run_dir(run_dir)  # the export checks: a collapsed run is refused
+    run = load(run_dir, require_labels=False, require=RUN_FILES, projector=True)
+    return run.encoder, run.projector, run.folder.eval_preprocess(), run.dataset
 
 
 def export_run(run_dir, out_dir, version=None, overwrite=False, force=False):

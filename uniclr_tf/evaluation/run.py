@@ -31,10 +31,12 @@ class Run:
     Attributes:
       folder: the :class:`uniclr_tf.runs.RunFolder`.
       encoder: the backbone (``keras.Model``), loaded without compiling.
+      projector: the projection head (``keras.Model``) when asked for, else None.
     """
 
     folder: runs.RunFolder
     encoder: object = dataclasses.field(repr=False)
+    projector: object = dataclasses.field(default=None, repr=False)
 
     @property
     def run_dir(self):
@@ -67,27 +69,38 @@ class Run:
         return self.folder.std
 
 
-def check_run_dir(run_dir: str) -> runs.RunFolder:
+def check_run_dir(run_dir: str, require=RUN_FILES, refuse_collapsed: str = "") -> runs.RunFolder:
     """The :class:`~uniclr_tf.runs.RunFolder` of ``run_dir``; raises :class:`RunFolderError` (one
-    line) unless it holds the files an evaluation reads. Cheap: no Keras import."""
-    return runs.RunFolder(run_dir, require=RUN_FILES)
+    line) unless it holds ``require`` (default: the files an evaluation reads). With
+    ``refuse_collapsed`` (the rest of the message: what the run's encoder would do, how to go on
+    anyway), also when its ``metrics.json`` says the run collapsed. Cheap: no Keras import."""
+    folder = runs.RunFolder(run_dir, require=require)
+    if (refuse_collapsed and folder.has("metrics.json")
+            and folder.read_json("metrics.json").get("status") == "collapsed"):
+        raise folder.error("metrics.json", "says the run collapsed: " + refuse_collapsed)
+    return folder
 
 
-def load_run(run_dir: str, require_labels: bool = True) -> Run:
-    """Loads ``encoder.keras``, ``dataset.json`` and ``config.json`` of a ``uniclr_tf.train`` run.
+def load_run(run_dir: str, require_labels: bool = True, require=RUN_FILES, projector: bool = False) -> Run:
+    """Loads ``encoder.keras``, ``dataset.json`` and ``config.json`` (when in ``require``) of a
+    ``uniclr_tf.train`` run, and ``projector.keras`` with ``projector``.
 
     Raises:
-      RunFolderError: missing folder or file, unreadable file, or an encoder that does not map
-        images to ``[B, F]`` features.
+      RunFolderError: missing folder or file (of ``require``), unreadable file, or an encoder that
+        does not map images to ``[B, F]`` features (a projector that does not take them).
       RunError: an unlabelled dataset (with ``require_labels``).
     """
-    folder = check_run_dir(run_dir)
-    dataset, _ = folder.dataset, folder.config  # read (and checked) before the slow model load
+    folder = check_run_dir(run_dir, require)
+    dataset = folder.dataset  # read (and checked) before the slow model load, as config.json
+    if runs.CONFIG_FILE in require:
+        folder.config
     if require_labels and not folder.num_classes:
         raise RunError(f"run folder {folder.path!r}: dataset {dataset.get('dataset')!r} is unlabelled "
                        f"(num_classes {dataset.get('num_classes')!r} in dataset.json); linear and kNN "
                        f"evaluation need labels")
-    return Run(folder=folder, encoder=folder.load_encoder())
+    encoder = folder.load_encoder()
+    return Run(folder=folder, encoder=encoder,
+               projector=folder.load_projector(feature_dim=encoder.output_shape[-1]) if projector else None)
 
 
 def load_run_data(run, max_examples: Optional[int] = None, dataset: str = "", data_dir: str = ""):
