@@ -16,6 +16,7 @@ import tensorflow as tf
 from PIL import Image
 
 from uniclr_tf import data
+from uniclr_tf.data.sources import fashion_mnist as fashion_mnist_source
 from uniclr_tf.data import DataError
 
 
@@ -46,7 +47,7 @@ def make_class_folder(root, classes=("cat", "dog", "emu"), per_class=10, size=(8
 
 
 def fashion_mnist_present():
-    return all(os.path.isfile(os.path.join(data._keras_cache_dir(), f)) for f in data._FASHION_MNIST_FILES)
+    return all(os.path.isfile(os.path.join(fashion_mnist_source._keras_cache_dir(), f)) for f in fashion_mnist_source._FASHION_MNIST_FILES)
 
 
 def one_line(error):
@@ -68,8 +69,8 @@ def small_info(tmp_path_factory):
 def test_fashion_mnist_loads():
     if not fashion_mnist_present():
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but Fashion-MNIST is missing from {data._keras_cache_dir()}: run 'make data'")
-        pytest.skip(f"Fashion-MNIST files not in {data._keras_cache_dir()} (apt-get install "
+            pytest.fail(f"CI=true but Fashion-MNIST is missing from {fashion_mnist_source._keras_cache_dir()}: run 'make data'")
+        pytest.skip(f"Fashion-MNIST files not in {fashion_mnist_source._keras_cache_dir()} (apt-get install "
                     "dataset-fashion-mnist; make data)")
     info = data.load_dataset("fashion_mnist")
     assert (info.name, info.image_shape, info.num_classes) == ("fashion_mnist", (28, 28, 1), 10)
@@ -92,7 +93,7 @@ def test_fashion_mnist_loads():
         images[0, 0, 0, 0] = 1
 
     small = data.load_dataset("fashion_mnist", image_size=32, max_examples=64,
-                              data_dir=data._keras_cache_dir())  # the gz reader path
+                              data_dir=fashion_mnist_source._keras_cache_dir())  # the gz reader path
     assert small.image_shape == (32, 32, 1) and (small.num_train, small.num_test) == (64, 64)
     np.testing.assert_array_equal(small.split("train").labels, labels[:64])
     assert abs(small.mean[0] - info.mean[0]) < 0.05  # measured after resizing
@@ -140,11 +141,11 @@ def test_tfds_cifar10_mocked():
 
 def test_tfds_split_suffix_and_version():
     tfds = pytest.importorskip("tensorflow_datasets")
-    assert data._parse_tfds_spec("tfds:cifar10") == ("cifar10", None)
-    assert data._parse_tfds_spec("tfds:cifar10:train[:10%]") == ("cifar10", "train[:10%]")
-    assert data._parse_tfds_spec("tfds:cifar10:3.0.2") == ("cifar10:3.0.2", None)
-    assert data._parse_tfds_spec("tfds:cifar10:3.0.2:test") == ("cifar10:3.0.2", "test")
-    assert data._parse_tfds_spec("tfds:imagenette/160px:train") == ("imagenette/160px", "train")
+    assert data.spec._parse_tfds_spec("tfds:cifar10") == ("cifar10", None)
+    assert data.spec._parse_tfds_spec("tfds:cifar10:train[:10%]") == ("cifar10", "train[:10%]")
+    assert data.spec._parse_tfds_spec("tfds:cifar10:3.0.2") == ("cifar10:3.0.2", None)
+    assert data.spec._parse_tfds_spec("tfds:cifar10:3.0.2:test") == ("cifar10:3.0.2", "test")
+    assert data.spec._parse_tfds_spec("tfds:imagenette/160px:train") == ("imagenette/160px", "train")
     with tfds.testing.mock_data(num_examples=6):
         info = data.load_dataset("tfds:cifar10:train[:50%]")
         assert info.spec == "tfds:cifar10:train[:50%]" and info.num_train == 6  # the mock ignores slices

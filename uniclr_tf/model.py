@@ -21,9 +21,6 @@ from uniclr_tf.errors import UsageError
 from uniclr_tf.schedules import momentum_schedule
 from uniclr_tf.steps import train_step_mixin
 
-# Old keyword names of the UniCLR objectives' options -> method option names.
-_LEGACY_OPTIONS = {"mode": "whitening_mode", "groups": "whitening_groups", "gamma": "symmetric_loss_weight"}
-
 
 def _freeze_variables(model):
     # The target's layers stay ``trainable`` so its BN uses batch statistics in training mode, as
@@ -71,8 +68,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         use one (BYOL, SimSiam, MoCo v3), optional for the UniCLR methods, refused by the others.
       method: a name in :data:`uniclr_tf.methods.REGISTRY` or a ``Method`` instance.
       options: the method's options (``temperature``, ``ema_momentum``, ``queue_size``, ...); None
-        values keep the method's defaults. ``objective``, ``temperature``, ``gamma``, ``eps``,
-        ``ema_momentum`` and ``objective_options`` are the older spellings, still accepted.
+        values keep the method's defaults.
       ema_total_steps: steps over which a cosine EMA momentum rises to 1 (BYOL's schedule).
       steps_per_epoch: the steps of an epoch, for methods with schedules in epochs (SwAV's prototype
         freezing, DINO's teacher temperature warm-up); None: those schedules are off.
@@ -87,13 +83,11 @@ class UniCLR(train_step_mixin(), keras.Model):
 
     def __init__(self, encoder, projector, predictor=None, method=None, options=None, augmenter=None,
                  num_global=2, num_classes=None, gather_across_replicas=True, ema_total_steps=1,
-                 objective=None, temperature=None, gamma=None, eps=None, ema_momentum=None,
-                 objective_options=None, steps_per_epoch=None, name="uniclr", **kwargs):
+                 steps_per_epoch=None, name="uniclr", **kwargs):
         super().__init__(name=name, **kwargs)
         if num_global < 2:
             raise ValueError(f"num_global must be at least 2; received {num_global}")
-        self.method = self._make_method(method, objective, predictor, options, objective_options,
-                                        temperature=temperature, gamma=gamma, eps=eps, ema_momentum=ema_momentum)
+        self.method = self._make_method(method, predictor, options)
         if self.method.predictor == "never" and predictor is not None:
             raise UsageError(f"--method={self.method.name} uses no predictor; received one")
         if self.method.uses_predictor and predictor is None:
@@ -156,20 +150,15 @@ class UniCLR(train_step_mixin(), keras.Model):
             self._symbolic_build(data_batch=data_batch)
 
     @staticmethod
-    def _make_method(method, objective, predictor, options, objective_options, **legacy):
+    def _make_method(method, predictor, options):
         if isinstance(method, methods.Method):
-            if options or objective_options or any(v is not None for v in legacy.values()):
+            if options:
                 raise ValueError("Pass options to the Method instance, not to the model")
             return method
-        if method is not None and objective is not None and method != objective:
-            raise ValueError(f"method={method!r} and objective={objective!r} disagree; pass one")
-        name = method or objective or "simtrace"
-        opts = {_LEGACY_OPTIONS.get(k, k): v for k, v in {**legacy, **(objective_options or {})}.items()}
-        opts.update(options or {})
-        cls = methods.get(name)
+        opts = dict(options or {})
+        cls = methods.get(method or "simtrace")
         if cls.predictor == "optional" and predictor is not None:
             opts["predictor"] = True
-        # The legacy ``ema_momentum=None`` means "none" for methods where the EMA is optional.
         return cls(**{k: v for k, v in opts.items() if k in cls.defaults or v is not None})
 
     @property

@@ -109,15 +109,6 @@ from uniclr_tf.augment.layers import (
 )
 from uniclr_tf.augment.views import RECIPES, ViewAugmenter, ViewRecipe, get_recipe
 
-# Private helpers that were module-level names of the former single-module ``augment.py``, kept
-# importable from here for backward compatibility (new code should not rely on them).
-from uniclr_tf.augment.functional import (  # noqa: E402,F401  isort: skip
-    _GRAY_WEIGHTS, _as_column, _backend_or_default, _central_box, _check_images, _grayscale,
-    _pair, _per_view, _probability, _range, _resolve_stats, _shift_hue, _stats_arg, _strength)
-from uniclr_tf.augment.layers import (  # noqa: E402,F401  isort: skip
-    _CROP_ATTEMPTS, _PACKAGE, _BatchLayer, _RandomLayer)
-from uniclr_tf.augment.views import _derive_seed  # noqa: E402,F401  isort: skip
-
 __all__ = [
     "DATASET_STATS",
     "EvalPreprocess",

@@ -50,7 +50,7 @@ Modules
 ``lazy_tf``    ``tf`` (TensorFlow, imported on first attribute access), ``AUTOTUNE``,
                :func:`have_tensorflow`.
 
-Everything is re-exported here: ``from uniclr_tf.data import load_dataset``. The names are bound
+The public names are re-exported here: ``from uniclr_tf.data import load_dataset``. The names are bound
 to the objects of the defining modules, so a test that patches a name must patch it there (e.g.
 ``uniclr_tf.data.sources.fashion_mnist._keras_cache_dir``), where the code looks it up.
 """
@@ -65,25 +65,6 @@ from uniclr_tf.data.sources.fashion_mnist import (FASHION_MNIST_CLASSES, FASHION
 from uniclr_tf.data.sources.folder import IMAGE_EXTENSIONS
 from uniclr_tf.data.spec import SPEC_FORMS, DataError, DatasetInfo, Split, is_spec
 from uniclr_tf.data.stream import BadFiles, Stream, bad_file_message
-
-# Private names of the former single-module ``data.py``, kept importable from here for backward
-# compatibility (tests read ``_keras_cache_dir``, ``_FASHION_MNIST_FILES``, ``_parse_tfds_spec``).
-from uniclr_tf.data.decode import (  # noqa: E402,F401  isort: skip
-    _PIL_FORMATS, _PIL_GREY_MODES, _UNDECODABLE, _decode_image_pil)
-from uniclr_tf.data.lazy_tf import _LazyTensorFlow  # noqa: E402,F401  isort: skip
-from uniclr_tf.data.pipelines import _gather_fn  # noqa: E402,F401  isort: skip
-from uniclr_tf.data.sources import _fmt  # noqa: E402,F401  isort: skip
-from uniclr_tf.data.sources.common import (  # noqa: E402,F401  isort: skip
-    _HOLDOUT_FRACTION, _make_info, _memory_split, _resize_array, _resize_uint8)
-from uniclr_tf.data.sources.fashion_mnist import (  # noqa: E402,F401  isort: skip
-    _FASHION_MNIST_FILES, _fashion_mnist_missing_error, _keras_cache_dir, _load_fashion_mnist,
-    _read_idx_gz)
-from uniclr_tf.data.sources.folder import (  # noqa: E402,F401  isort: skip
-    _TEST_DIR_NAMES, _BadImage, _decode_file, _decode_files, _hash_order, _holdout, _image_files,
-    _is_hidden, _list_folder, _load_folder, _stack, _subsample)
-from uniclr_tf.data.sources.tfds import _TFDS_STATS_SAMPLE, _first_line, _load_tfds  # noqa: E402,F401  isort: skip
-from uniclr_tf.data.spec import _VERSION_RE, _normalize_image_size, _parse_tfds_spec  # noqa: E402,F401  isort: skip
-from uniclr_tf.data.stats import _STATS_SAMPLE, _array_stats, _channel_stats  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "AUTOTUNE",

@@ -124,7 +124,7 @@ class Method:
         given = {k: v for k, v in options.items() if v is not None}
         unknown = sorted(set(given) - set(self.defaults))
         if unknown:
-            raise ValueError(self.not_applicable_message(unknown[0]))
+            raise UsageError(self.not_applicable_message(unknown[0]))
         self.given = dict(given)
         self.options = {**self.defaults, **given}
         for key, value in self.options.items():
