@@ -31,10 +31,11 @@ from absl import flags
 
 from uniclr_tf import flagutil
 from uniclr_tf.config import AUGMENT_ON, BATCH_NORMS, ENCODERS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
+from uniclr_tf.data.spec import spec_forms
 from uniclr_tf.errors import UsageError
 
 HELP = {
-    "dataset": "fashion_mnist | tfds:NAME[:SPLIT] | folder:PATH | tfrecord:TRAIN_GLOB[,TEST_GLOB] (README, Datasets).",
+    "dataset": f"{spec_forms()} (README, Datasets).",
     "data_dir": "TFDS data_dir (tfds: datasets only).",
     "image_size": "Resize images to this square size; 0 keeps the dataset's size.",
     "skip_bad_files": "folder: and tfrecord: datasets: skip (and count) unreadable images instead of stopping.",

@@ -31,13 +31,15 @@ tf.data; streamed data needs TensorFlow.
 
 Modules
 -------
-``spec``       the spec forms (:data:`SPEC_FORMS`), :class:`DataError`, :class:`Split`,
-               :class:`DatasetInfo`; parsing of ``image_size`` and of ``tfds:`` specs.
+``spec``       the sources (:data:`SOURCES`: name, spec form, loader, help; :data:`SPEC_FORMS`),
+               :class:`DataError`, :class:`Split`, :class:`DatasetInfo`; parsing of ``image_size``
+               and of ``tfds:`` specs.
 ``sources``    :func:`load_dataset`, and one module per source: ``sources.fashion_mnist``
                (keras.datasets or IDX files), ``sources.tfds``, ``sources.folder`` (listing,
                hold-out, in memory or streamed, checking every file, bad-file skipping),
                ``sources.tfrecord`` (the feature spec, globs, hold-out by hash);
-               ``sources.common`` has the load options, builds splits and infos, resizes images.
+               ``sources.common`` has the load options, builds splits and infos.
+``resize``     resizing of uint8 images (bilinear, antialiased), for the sources and the streams.
 ``decode``     :func:`decode_image` (TensorFlow's rule, and the same rule with Pillow),
                :func:`image_header` (the same answer from a file's header and end) and
                :class:`ImageDecodeError`.
@@ -55,7 +57,7 @@ to the objects of the defining modules, so a test that patches a name must patch
 ``uniclr_tf.data.sources.fashion_mnist._keras_cache_dir``), where the code looks it up.
 """
 
-from uniclr_tf.data import decode, lazy_tf, pipelines, sources, spec, stats, stream
+from uniclr_tf.data import decode, lazy_tf, pipelines, resize, sources, spec, stats, stream
 from uniclr_tf.data.decode import ImageDecodeError, decode_image, image_header
 from uniclr_tf.data.lazy_tf import AUTOTUNE, have_tensorflow, tf
 from uniclr_tf.data.pipelines import as_numpy, eval_dataset, numpy_batches, pretrain_dataset
@@ -63,7 +65,7 @@ from uniclr_tf.data.sources import load_dataset
 from uniclr_tf.data.sources.fashion_mnist import (FASHION_MNIST_CLASSES, FASHION_MNIST_MEAN,
                                                   FASHION_MNIST_STD)
 from uniclr_tf.data.sources.folder import IMAGE_EXTENSIONS
-from uniclr_tf.data.spec import SPEC_FORMS, DataError, DatasetInfo, Split, is_spec
+from uniclr_tf.data.spec import SOURCES, SPEC_FORMS, DataError, DatasetInfo, Split, is_spec, spec_forms
 from uniclr_tf.data.stream import BadFiles, Stream, bad_file_message
 
 __all__ = [
@@ -76,6 +78,7 @@ __all__ = [
     "FASHION_MNIST_STD",
     "IMAGE_EXTENSIONS",
     "ImageDecodeError",
+    "SOURCES",
     "SPEC_FORMS",
     "Split",
     "Stream",
@@ -93,7 +96,9 @@ __all__ = [
     "pipelines",
     "pretrain_dataset",
     "sources",
+    "resize",
     "spec",
+    "spec_forms",
     "stats",
     "stream",
     "tf",

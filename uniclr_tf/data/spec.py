@@ -20,15 +20,57 @@ from uniclr_tf.data.lazy_tf import tf
 if TYPE_CHECKING:
     from uniclr_tf.data.stream import BadFiles, Stream
 
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One dataset source: its ``name``, the ``form`` of its specs (for errors and ``--help``), how a
+    spec is recognised (one of ``names``, or starting with ``prefix``), its ``loader``
+    (``"module:function"`` in :mod:`uniclr_tf.data.sources`, imported on first use, called as
+    ``loader(spec, options)``) and a ``help`` line."""
+    name: str
+    form: str
+    loader: str
+    help: str
+    names: Tuple[str, ...] = ()
+    prefix: str = ""
+
+    def matches(self, spec: str) -> bool:
+        return spec in self.names or bool(self.prefix) and spec.startswith(self.prefix)
+
+
+#: The one table of dataset sources: spec recognition (:func:`source_of`), loading
+#: (:func:`uniclr_tf.data.sources.load_dataset`) and every help string (:func:`spec_forms`).
+SOURCES = (
+    Source("fashion_mnist", "fashion_mnist", "fashion_mnist:_load_fashion_mnist",
+           "Keras' copy of Fashion-MNIST, offline, in memory", names=("fashion_mnist", "fashion-mnist")),
+    Source("tfds", "tfds:NAME[:SPLIT]", "tfds:_load_tfds", "a TensorFlow Datasets image dataset, streamed",
+           prefix="tfds:"),
+    Source("folder", "folder:PATH", "folder:_load_folder",
+           "image files in class sub-folders (or flat), in memory or streamed", prefix="folder:"),
+    Source("tfrecord", "tfrecord:TRAIN_GLOB[,TEST_GLOB]", "tfrecord:_load_tfrecord",
+           "tf.train.Example records of encoded images, streamed", prefix="tfrecord:"),
+)
 #: The spec forms, for error messages and ``--help`` strings.
-SPEC_FORMS = ("fashion_mnist", "tfds:NAME[:SPLIT]", "folder:PATH", "tfrecord:TRAIN_GLOB[,TEST_GLOB]")
+SPEC_FORMS = tuple(source.form for source in SOURCES)
 #: Their prefixes (``fashion_mnist`` is a whole spec).
-SPEC_PREFIXES = ("tfds:", "folder:", "tfrecord:")
+SPEC_PREFIXES = tuple(source.prefix for source in SOURCES if source.prefix)
+
+
+def source_of(spec: str) -> Optional[Source]:
+    """The :class:`Source` whose specs ``spec`` has the form of, else None (its data is not looked at)."""
+    return next((source for source in SOURCES if source.matches(spec)), None)
 
 
 def is_spec(spec: str) -> bool:
     """Whether ``spec`` has one of the :data:`SPEC_FORMS` (its data is not looked at)."""
-    return spec in ("fashion_mnist", "fashion-mnist") or spec.startswith(SPEC_PREFIXES)
+    return source_of(spec) is not None
+
+
+def spec_forms(separator: str = " | ", last: Optional[str] = None) -> str:
+    """The spec forms as one string, e.g. ``fashion_mnist | tfds:NAME[:SPLIT] | ...``; with ``last``
+    (e.g. ``" or "``), that word joins the last two."""
+    if last is None or len(SPEC_FORMS) < 2:
+        return separator.join(SPEC_FORMS)
+    return separator.join(SPEC_FORMS[:-1]) + last + SPEC_FORMS[-1]
 
 
 class DataError(ValueError):

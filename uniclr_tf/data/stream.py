@@ -28,7 +28,7 @@ import sys
 from typing import Callable, Optional
 
 from uniclr_tf.data.lazy_tf import AUTOTUNE, tf
-from uniclr_tf.data.sources.common import _resize_uint8
+from uniclr_tf.data.resize import resize_uint8
 
 #: Records held in the shuffle buffer of a stream that cannot shuffle its whole record list
 #: (TFDS splits, TFRecord files: serialized records, not decoded images).
@@ -154,7 +154,7 @@ def decode_records(records, load, describe, image_shape, resize, bad_files=None)
         size = tf.shape(image)[:2]
         same = tf.reduce_all(tf.equal(size, [height, width]))
         if resize:
-            image = tf.cond(same, lambda: image, lambda: _resize_uint8(image, (height, width)))
+            image = tf.cond(same, lambda: image, lambda: resize_uint8(image, (height, width)))
             status = tf.constant(_OK)
         else:
             image = tf.cond(same, lambda: tf.reshape(image, image_shape),

@@ -4,13 +4,14 @@ evaluation config has, validated with errors naming the flag, their help, and th
 
 import sys
 
+from uniclr_tf.data.spec import spec_forms
 from uniclr_tf.errors import UsageError
 from uniclr_tf.evaluation.run import check_run_dir
 from uniclr_tf.runs import RunFolderError
 
 #: The help of the flags of the protocol that every evaluation command line has.
 COMMON_HELP = {
-    "dataset": "Dataset to evaluate on: fashion_mnist, tfds:NAME[:SPLIT] or folder:PATH (transfer; resized to the "
+    "dataset": f"Dataset to evaluate on: {spec_forms(', ', ' or ')} (transfer; resized to the "
                "encoder's input size, normalised with the run's pretraining mean/std). Empty: the pretraining "
                "dataset.",
     "data_dir": "Data directory of --dataset (TFDS data dir; fashion_mnist: folder of its IDX files). Empty: the "

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import types
 from typing import Optional, Sequence, Union
@@ -22,11 +23,7 @@ from typing import Optional, Sequence, Union
 from absl import logging
 
 from uniclr_tf.data.sources.common import _HOLDOUT_FRACTION, _MAX_IN_MEMORY_MB, LoadOptions
-from uniclr_tf.data.sources.fashion_mnist import _load_fashion_mnist
-from uniclr_tf.data.sources.folder import _load_folder
-from uniclr_tf.data.sources.tfds import _load_tfds
-from uniclr_tf.data.sources.tfrecord import _load_tfrecord
-from uniclr_tf.data.spec import SPEC_FORMS, DataError, DatasetInfo, _normalize_image_size
+from uniclr_tf.data.spec import SPEC_FORMS, DataError, DatasetInfo, _normalize_image_size, source_of
 
 
 def load_dataset(spec: str = "fashion_mnist", image_size: Union[int, Sequence[int], None] = None,
@@ -95,14 +92,10 @@ def load_dataset(spec: str = "fashion_mnist", image_size: Union[int, Sequence[in
 
 
 def _load(spec, opts):
-    if spec in ("fashion_mnist", "fashion-mnist"):
-        return _load_fashion_mnist(opts)
-    if spec.startswith("tfds:"):
-        return _load_tfds(spec, opts)
-    if spec.startswith("folder:"):
-        return _load_folder(spec, opts)
-    if spec.startswith("tfrecord:"):
-        return _load_tfrecord(spec, opts)
+    source = source_of(spec)
+    if source is not None:
+        module, function = source.loader.split(":")
+        return getattr(importlib.import_module(f"{__name__}.{module}"), function)(spec, opts)
     hint = f" (it is a folder: did you mean 'folder:{spec}'?)" if os.path.isdir(spec) else ""
     raise ValueError(f"unknown dataset spec {spec!r}{hint}; valid forms: {', '.join(SPEC_FORMS)}")
 

@@ -1,7 +1,6 @@
 """What the sources share: the options of one load (:class:`LoadOptions`), the in-memory
-:class:`Split` and the :class:`DatasetInfo` they return, resizing of uint8 images (bilinear,
-antialiased; TensorFlow, imported only when an image is actually resized), and the default
-fraction held out for test when a dataset has no test split."""
+:class:`Split` and the :class:`DatasetInfo` they return, and the default fraction held out for
+test when a dataset has no test split. Resizing is :mod:`uniclr_tf.data.resize`."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from typing import Optional, Tuple
 import numpy as np
 from absl import logging
 
-from uniclr_tf.data.lazy_tf import tf
 from uniclr_tf.data.spec import DatasetInfo, Split
 
 _HOLDOUT_FRACTION = 0.1  # of the train data, held out for test when a dataset has no test split
@@ -78,17 +76,3 @@ def _memory_split(name, images, labels):
 def _empty_split(name, image_shape):
     """An in-memory split of no examples."""
     return _memory_split(name, np.zeros((0, *image_shape), np.uint8), np.zeros((0,), np.int64))
-
-
-def _resize_uint8(images, size):
-    """Resizes uint8 ``[H, W, C]`` or ``[N, H, W, C]`` (tf tensor or array) to ``size``; uint8 out."""
-    out = tf.image.resize(tf.cast(images, tf.float32), size, method="bilinear", antialias=True)
-    return tf.cast(tf.clip_by_value(tf.round(out), 0.0, 255.0), tf.uint8)
-
-
-def _resize_array(images, size, chunk=4096):
-    """Resizes an in-memory uint8 batch ``[N, H, W, C]`` in chunks; a no-op at the same size."""
-    if size is None or tuple(images.shape[1:3]) == tuple(size):
-        return images
-    parts = [_resize_uint8(images[i:i + chunk], size).numpy() for i in range(0, len(images), chunk)]
-    return np.concatenate(parts) if parts else np.zeros((0, *size, images.shape[-1]), np.uint8)

@@ -12,7 +12,8 @@ import os
 
 import numpy as np
 
-from uniclr_tf.data.sources.common import _make_info, _memory_split, _resize_array
+from uniclr_tf.data.resize import resize_array
+from uniclr_tf.data.sources.common import _make_info, _memory_split
 from uniclr_tf.data.spec import DataError
 from uniclr_tf.data.stats import _array_stats
 
@@ -50,8 +51,9 @@ def _read_idx_gz(path, offset):
         return np.frombuffer(f.read(), np.uint8, offset=offset)
 
 
-def _load_fashion_mnist(opts):
-    """Fashion-MNIST through keras (offline from its cache), or from ``data_dir``'s gz files."""
+def _load_fashion_mnist(spec, opts):
+    """Fashion-MNIST through keras (offline from its cache), or from ``data_dir``'s gz files (``spec``:
+    ``fashion_mnist``, the loaders' signature)."""
     size, data_dir, max_examples = opts.size, opts.data_dir, opts.max_examples
     folder = os.path.expanduser(data_dir) if data_dir else _keras_cache_dir()
     missing = [f for f in _FASHION_MNIST_FILES if not os.path.isfile(os.path.join(folder, f))]
@@ -78,8 +80,8 @@ def _load_fashion_mnist(opts):
         x_test, y_test = x_test[:0], y_test[:0]
     elif opts.splits == "test":
         x_train, y_train = x_train[:0], y_train[:0]
-    x_train = _resize_array(x_train[..., None], size)
-    x_test = _resize_array(x_test[..., None], size)
+    x_train = resize_array(x_train[..., None], size)
+    x_test = resize_array(x_test[..., None], size)
     if opts.channels == 3:  # the test split of RGB training data
         x_train, x_test = np.repeat(x_train, 3, axis=-1), np.repeat(x_test, 3, axis=-1)
     if size is None or opts.splits == "test":  # a test split only: the statistics are the training data's

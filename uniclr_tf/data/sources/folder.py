@@ -43,8 +43,8 @@ from absl import logging
 
 from uniclr_tf.data.decode import ImageDecodeError, decode_image, image_header
 from uniclr_tf.data.lazy_tf import have_tensorflow, tf
-from uniclr_tf.data.sources.common import (_empty_split, _make_info, _memory_split, _note, _percent,
-                                           _resize_uint8)
+from uniclr_tf.data.resize import resize_uint8
+from uniclr_tf.data.sources.common import _empty_split, _make_info, _memory_split, _note, _percent
 from uniclr_tf.data.spec import DataError, Split
 from uniclr_tf.data.stats import _array_stats, _channel_stats
 from uniclr_tf.data.stream import BadFiles, Stream, bad_file_message, decode_records, list_records
@@ -246,7 +246,7 @@ def _decode_files(files, size, skip_bad_files, read=_decode_file, max_pixels=Non
         try:
             result = read(path, max_pixels)
             if size is not None and read is _decode_file and tuple(result.shape[:2]) != tuple(size):
-                result = _resize_uint8(result, size).numpy()
+                result = resize_uint8(result, size).numpy()
         except _BadImage as e:
             _bad(path, e.args[0], skip_bad_files, skipped)
             continue

@@ -13,7 +13,8 @@ import numpy as np
 from absl import logging
 
 from uniclr_tf.data.lazy_tf import AUTOTUNE, tf
-from uniclr_tf.data.sources.common import _make_info, _note, _percent, _resize_uint8
+from uniclr_tf.data.resize import resize_uint8
+from uniclr_tf.data.sources.common import _make_info, _note, _percent
 from uniclr_tf.data.spec import DataError, Split, _parse_tfds_spec
 from uniclr_tf.data.stats import _channel_stats
 from uniclr_tf.data.stream import Stream, dataset_records
@@ -105,7 +106,7 @@ def _load_tfds(spec, opts):
         elif out_channels == 1 and channels in (3, 4):
             image = tf.image.rgb_to_grayscale(image)
         if size is not None and tuple(shape[:2]) != tuple(size):
-            image = _resize_uint8(image, size)
+            image = resize_uint8(image, size)
         image = tf.ensure_shape(image, (*out_size, out_channels))
         label = (tf.cast(example["label"], tf.int64) if label_feature is not None
                  else tf.constant(-1, tf.int64))

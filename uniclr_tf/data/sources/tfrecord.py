@@ -47,7 +47,8 @@ from absl import logging
 
 from uniclr_tf.data.decode import ImageDecodeError, decode_image
 from uniclr_tf.data.lazy_tf import AUTOTUNE, have_tensorflow, tf
-from uniclr_tf.data.sources.common import _empty_split, _make_info, _note, _percent, _resize_uint8
+from uniclr_tf.data.resize import resize_uint8
+from uniclr_tf.data.sources.common import _empty_split, _make_info, _note, _percent
 from uniclr_tf.data.spec import DataError, Split
 from uniclr_tf.data.stats import _channel_stats
 from uniclr_tf.data.stream import SHUFFLE_BUFFER, BadFiles, Stream, decode_records
@@ -213,7 +214,7 @@ def _sample(files, opts, where, channels):
         if image.shape[-1] == 3 and channels == 1:
             image = tf.image.rgb_to_grayscale(image).numpy()
         if image.shape[:2] != tuple(size):
-            image = _resize_uint8(image, size).numpy()
+            image = resize_uint8(image, size).numpy()
         out[i] = image
     return out, tuple(size), channels
 
