@@ -95,9 +95,6 @@ def finetune(encoder, info, epochs: int = 30, batch_size: int = 256, learning_ra
 
     from uniclr_tf import data
     from uniclr_tf.augment import EvalPreprocess, ViewAugmenter
-    from uniclr_tf.evaluation.features import extract_features
-    from uniclr_tf.optimizers import build_optimizer
-    from uniclr_tf.schedules import WarmupCosine
 
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1; received {epochs}, {batch_size}")
@@ -125,24 +122,14 @@ def finetune(encoder, info, epochs: int = 30, batch_size: int = 256, learning_ra
                                      with_labels=True)
     steps_per_epoch = max(info.num_train // batch_size, 1)
 
-    encoder.trainable = True
-    inputs = keras.Input((height, width, channels), name="images")
-    init = keras.initializers.RandomNormal(stddev=0.01, seed=seed)
-    logits = keras.layers.Dense(num_classes, kernel_initializer=init, name="classifier")(encoder(inputs))
-    model = keras.Model(inputs, logits, name="finetuned")
-    schedule = WarmupCosine(learning_rate, batch_size, total_steps=epochs * steps_per_epoch, warmup_steps=0)
-    model.compile(optimizer=build_optimizer("sgd", schedule, momentum=momentum, weight_decay=weight_decay,
-                                            nesterov=nesterov),
+    model = _classifier(encoder, info.image_shape, num_classes, seed)
+    model.compile(optimizer=_optimizer(learning_rate, batch_size, epochs * steps_per_epoch, momentum, weight_decay,
+                                       nesterov),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1")])
     history = model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose).history
 
-    test_logits, test_labels = extract_features(model, preprocess, split_source(info, "test", feature_batch_size),
-                                                feature_batch_size)
-    if len(test_labels) == 0:
-        raise RunError(f"{info.spec or info.name}: split 'test' is empty")
-    check_labels(test_labels, num_classes, "test")
-    acc = topk_accuracy(test_logits, test_labels, (1, 5))
+    acc, num_test = _test_accuracy(model, preprocess, info, feature_batch_size)
     return model, {
         "top1": acc["top1"], "top5": acc["top5"],
         "train_loss": [float(v) for v in history["loss"]], "train_top1": [float(v) for v in history["top1"]],
@@ -153,11 +140,42 @@ def finetune(encoder, info, epochs: int = 30, batch_size: int = 256, learning_ra
             "learning_rate": float(learning_rate), "peak_learning_rate": batch_size / 256 * float(learning_rate),
             "schedule": "cosine", "momentum": float(momentum), "weight_decay": float(weight_decay),
             "augment": bool(augment), "crop_scale": [float(s) for s in crop_scale] if augment else None,
-            "seed": int(seed), "num_train": int(info.num_train), "num_test": int(len(test_labels)),
+            "seed": int(seed), "num_train": int(info.num_train), "num_test": num_test,
             "num_classes": num_classes, "steps": int(epochs * steps_per_epoch),
             "backend": keras.backend.backend(), "seconds": round(time.time() - start, 2),
         },
     }
+
+
+def _classifier(encoder, image_shape, num_classes, seed):
+    """The network fine-tuned: ``encoder`` (trainable) then a dense layer with N(0, 0.01²) weights."""
+    import keras
+
+    encoder.trainable = True
+    inputs = keras.Input(tuple(image_shape), name="images")
+    init = keras.initializers.RandomNormal(stddev=0.01, seed=seed)
+    logits = keras.layers.Dense(num_classes, kernel_initializer=init, name="classifier")(encoder(inputs))
+    return keras.Model(inputs, logits, name="finetuned")
+
+
+def _optimizer(learning_rate, batch_size, total_steps, momentum, weight_decay, nesterov):
+    """SGD with a cosine schedule from ``batch_size / 256 · learning_rate`` to 0, no warm-up."""
+    from uniclr_tf.optimizers import build_optimizer
+    from uniclr_tf.schedules import WarmupCosine
+
+    schedule = WarmupCosine(learning_rate, batch_size, total_steps=total_steps, warmup_steps=0)
+    return build_optimizer("sgd", schedule, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+
+
+def _test_accuracy(model, preprocess, info, batch_size):
+    """``(top-1/top-5 of model on the whole test split, its size)``."""
+    from uniclr_tf.evaluation.features import extract_features
+
+    logits, labels = extract_features(model, preprocess, split_source(info, "test", batch_size), batch_size)
+    if len(labels) == 0:
+        raise RunError(f"{info.spec or info.name}: split 'test' is empty")
+    check_labels(labels, int(info.num_classes), "test")
+    return topk_accuracy(logits, labels, (1, 5)), int(len(labels))
 
 
 # ---------------------------------------------------------------------------------------------

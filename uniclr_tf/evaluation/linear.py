@@ -253,8 +253,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
     mean = tuple(info.mean if mean is None else mean)
     std = tuple(info.std if std is None else std)
     info, subset = protocols.labelled_subset(info, label_fraction, seed)
-    height, width, channels = info.image_shape
-    preprocess = EvalPreprocess((height, width), mean, std)
+    preprocess = EvalPreprocess(tuple(info.image_shape[:2]), mean, std)
     num_classes = int(info.num_classes)
 
     was_trainable = encoder.trainable
@@ -262,30 +261,17 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
     try:
         test_x, test_y = _split_features(encoder, preprocess, info, "test", feature_batch_size)
         check_labels(test_y, num_classes, "test")
-        feature_dim = test_x.shape[1]
         init = keras.initializers.RandomNormal(stddev=0.01, seed=seed)  # as the authors' code
-        head = keras.Sequential([keras.Input((feature_dim,)),
+        head = keras.Sequential([keras.Input((test_x.shape[1],)),
                                  keras.layers.Dense(num_classes, kernel_initializer=init, name="linear")],
                                 name="linear_classifier")
-        num_train = info.num_train
         if augment:
-            if info.split("train").in_memory:  # streamed splits are checked by the loss instead
-                check_labels(info.split("train").labels, num_classes, "train")
-            steps_per_epoch = max(num_train // batch_size, 1)
-            augmenter = train_augmenter((height, width), mean, std, seed)
-            if augment_on == "device":  # uint8 batches from NumPy, augmented inside the compiled step
-                train = info.split("train")
-                model = augmented_model(encoder, head, (height, width, channels), augmenter)
-                train_data = device_batches(train.images, train.labels, batch_size, seed)
-            else:  # augmented (and normalised) in tf.data
-                model = augmented_model(encoder, head, (height, width, channels))
-                train_data = data.pretrain_dataset(info, batch_size, lambda x: augmenter(x)[0], shuffle=True,
-                                                   seed=seed, repeat=True, with_labels=True)
-            fit_args = dict(x=train_data, steps_per_epoch=steps_per_epoch)
+            model, fit_args, steps_per_epoch = _augmented_training(encoder, head, info, batch_size, mean, std, seed,
+                                                                   augment_on)
         else:
             train_x, train_y = _split_features(encoder, preprocess, info, "train", feature_batch_size)
             check_labels(train_y, num_classes, "train")
-            steps_per_epoch = math.ceil(num_train / batch_size)
+            steps_per_epoch = math.ceil(info.num_train / batch_size)
             model = head
             fit_args = dict(x=train_x, y=train_y, batch_size=batch_size, shuffle=True)
         model.compile(optimizer=_make_optimizer(optimizer, learning_rate, batch_size, epochs * steps_per_epoch,
@@ -312,12 +298,34 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
             "schedule": "cosine", "momentum": float(momentum), "weight_decay": float(weight_decay),
             "augment": bool(augment), "crop_scale": list(CROP_SCALE) if augment else None,
             "augment_on": augment_on if augment else None,
-            "seed": int(seed), "num_train": int(num_train), "num_test": int(len(test_y)),
-            "feature_dim": int(feature_dim), "num_classes": num_classes,
+            "seed": int(seed), "num_train": int(info.num_train), "num_test": int(len(test_y)),
+            "feature_dim": int(test_x.shape[1]), "num_classes": num_classes,
             "steps": int(epochs * steps_per_epoch), "backend": keras.backend.backend(),
             "seconds": round(time.time() - start, 2),
         },
     }
+
+
+def _augmented_training(encoder, head, info, batch_size, mean, std, seed, augment_on):
+    """``(model, fit arguments, steps per epoch)`` of training on augmented images: the frozen
+    backbone run every step, the augmentation in tf.data (``augment_on="host"``) or inside the
+    compiled step on uint8 batches from NumPy (``"device"``)."""
+    from uniclr_tf import data
+
+    height, width, channels = info.image_shape
+    if info.split("train").in_memory:  # streamed splits are checked by the loss instead
+        check_labels(info.split("train").labels, int(info.num_classes), "train")
+    augmenter = train_augmenter((height, width), mean, std, seed)
+    if augment_on == "device":  # uint8 batches from NumPy, augmented inside the compiled step
+        train = info.split("train")
+        model = augmented_model(encoder, head, (height, width, channels), augmenter)
+        train_data = device_batches(train.images, train.labels, batch_size, seed)
+    else:  # augmented (and normalised) in tf.data
+        model = augmented_model(encoder, head, (height, width, channels))
+        train_data = data.pretrain_dataset(info, batch_size, lambda x: augmenter(x)[0], shuffle=True,
+                                           seed=seed, repeat=True, with_labels=True)
+    steps_per_epoch = max(info.num_train // batch_size, 1)
+    return model, dict(x=train_data, steps_per_epoch=steps_per_epoch), steps_per_epoch
 
 
 def knn_result(encoder, info, k: int = 200, temperature: float = 0.1, mean=None, std=None,
