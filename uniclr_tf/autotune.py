@@ -23,7 +23,6 @@ Make or extend a table on a GPU machine from the caches of runs made there
     python -m uniclr_tf.autotune list [--table=PATH]
 """
 
-import argparse
 import base64
 import datetime
 import json
@@ -160,29 +159,41 @@ def collect(cache_dirs, table_file, card, configs=()):
     return new, len(table["entries"])
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m uniclr_tf.autotune", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("collect", help="add the autotune results of JAX compilation caches to a table")
-    c.add_argument("caches", nargs="+", help="JAX compilation cache folders (--compilation_cache_dir of runs)")
-    c.add_argument("--table", default="", help="the table to extend (default: the installed jaxlib's)")
-    c.add_argument("--card", default="", help="the card's JAX device_kind (default: this machine's first device)")
-    c.add_argument("--configs", default="", help="comma-separated names of what the runs trained (recorded)")
-    l = sub.add_parser("list", help="the cards and entries of a table")
-    l.add_argument("--table", default="", help="default: the installed jaxlib's")
-    args = parser.parse_args(argv)
-    table_file = args.table or table_path()
-    if args.command == "collect":
-        card = args.card
-        if not card:
-            import jax
-            if jax.default_backend() != "gpu":
-                parser.error("no GPU here: pass --card=<the JAX device_kind of the card that made the caches>")
-            card = jax.devices()[0].device_kind
-        configs = [s for s in args.configs.split(",") if s]
-        new, total = collect(args.caches, table_file, card, configs)
-        print(f"{table_file}: {new} new entries for {card}, {total} in all")
-        return 0
+def define_flags(flag_values=None):
+    """The flags of ``python -m uniclr_tf.autotune`` (defined when it runs, not on import)."""
+    from absl import flags
+    fv = flag_values or flags.FLAGS
+    flags.DEFINE_string("table", "", "collect: the table to extend; list: the table to show (default: the "
+                        "installed jaxlib's).", flag_values=fv)
+    flags.DEFINE_string("card", "", "collect: the card's JAX device_kind (default: this machine's first device).",
+                        flag_values=fv)
+    flags.DEFINE_string("configs", "", "collect: comma-separated names of what the runs trained (recorded).",
+                        flag_values=fv)
+
+
+USAGE = ("usage: python -m uniclr_tf.autotune collect CACHE_DIR [CACHE_DIR ...] [--table=PATH] [--card=KIND] "
+         "[--configs=NAMES] | list [--table=PATH]")
+
+
+def _usage_error(message):
+    """A usage error: the usage line and the message on stderr, exit code 2 (as argparse's)."""
+    print(f"{USAGE}\nerror: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv):
+    """``collect CACHE_DIR ...``: add the autotune results of JAX compilation caches (--compilation_cache_dir
+    of runs) to a table; ``list``: the cards and entries of a table. Returns the exit code."""
+    from absl import flags
+    fv = flags.FLAGS
+    command, words = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
+    table_file = fv.table or table_path()
+    if command == "collect":
+        if not words:
+            _usage_error("collect: name one or more JAX compilation cache folders")
+        return _collect(words, table_file, fv.card, fv.configs)
+    if command != "list" or words:
+        _usage_error(f"expected the command collect or list; received {' '.join(argv[1:]) or 'none'}")
     if not os.path.exists(table_file):
         print(f"{table_file}: no table", file=sys.stderr)
         return 1
@@ -195,5 +206,23 @@ def main(argv=None):
     return 0
 
 
+def _collect(caches, table_file, card, configs):
+    if not card:
+        import jax
+        if jax.default_backend() != "gpu":
+            _usage_error("no GPU here: pass --card=<the JAX device_kind of the card that made the caches>")
+        card = jax.devices()[0].device_kind
+    new, total = collect(caches, table_file, card, [s for s in configs.split(",") if s])
+    print(f"{table_file}: {new} new entries for {card}, {total} in all")
+    return 0
+
+
+def entry_point():
+    """What ``python -m uniclr_tf.autotune`` does."""
+    from uniclr_tf import flagutil
+    define_flags()
+    flagutil.run_cli(__name__, __doc__, main, words=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()

@@ -143,11 +143,12 @@ def _refusing_stray_arguments(main):
     return checked
 
 
-def run_cli(module_name, doc, main, groups=None):
+def run_cli(module_name, doc, main, groups=None, words=False):
     """Runs ``main`` with absl, as the ``python -m`` form and the console scripts of pyproject.toml do
     (the flags must be defined already). ``--help`` prints ``doc`` and the flags by group (``groups``:
     ``[(title, [flag names])]``; default: the module's own flags) with their defaults, and exits 0;
-    ``--helpfull`` is absl's listing. Words left after the flags are refused (a usage error)."""
+    ``--helpfull`` is absl's listing. Words left after the flags are refused (a usage error), unless
+    ``words`` (a CLI that takes a command and paths, as ``uniclr_tf.autotune``): ``main`` gets them."""
     if any(a in _HELP_ARGS for a in sys.argv[1:]):
         if groups is None:
             names = [f.name for f in flags.FLAGS.get_key_flags_for_module(module_name)]
@@ -162,7 +163,7 @@ def run_cli(module_name, doc, main, groups=None):
         for flag in flags.FLAGS.get_key_flags_for_module(module_name):
             flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     try:
-        app.run(_refusing_stray_arguments(main))
+        app.run(main if words else _refusing_stray_arguments(main))
     except SystemExit as e:
         asked = any(a.lstrip("-").split("=")[0] in ("help", "?", "helpshort", "helpfull") for a in sys.argv[1:])
         if e.code == 1 and asked and not flags.FLAGS.is_parsed():

@@ -28,17 +28,6 @@ from absl import flags, logging
 
 from uniclr_tf.errors import UsageError
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("folder", None, "The image folder (as for --dataset=folder:PATH).")
-flags.DEFINE_string("out", None, "Output prefix, e.g. /data/pets: writes /data/pets-train-*.tfrecord, "
-                                 "/data/pets-test-*.tfrecord and /data/pets.json.")
-flags.DEFINE_integer("shards", 0, "Shards of the train split (the test split gets its share, at least 1); "
-                                  "0: one per 128 MiB of image files.")
-flags.DEFINE_float("holdout_fraction", 0.1, "Fraction of each class held out for test when the folder has no "
-                                            "test sub-folder, in (0, 0.5].")
-flags.DEFINE_bool("skip_bad_files", False, "Skip (and count) unreadable images instead of stopping.")
-flags.DEFINE_bool("overwrite", False, "Replace the shards and JSON of an earlier conversion to the same --out.")
-
 _SHARD_BYTES = 128 * 2 ** 20
 
 
@@ -140,23 +129,41 @@ def convert(folder, out, shards=0, holdout_fraction=0.1, skip_bad_files=False, o
     return meta
 
 
+def define_flags(flag_values=None):
+    """The tool's flags (defined when it runs, not when the module is imported)."""
+    fv = flag_values or flags.FLAGS
+    flags.DEFINE_string("folder", None, "The image folder (as for --dataset=folder:PATH).", flag_values=fv)
+    flags.DEFINE_string("out", None, "Output prefix, e.g. /data/pets: writes /data/pets-train-*.tfrecord, "
+                                     "/data/pets-test-*.tfrecord and /data/pets.json.", flag_values=fv)
+    flags.DEFINE_integer("shards", 0, "Shards of the train split (the test split gets its share, at least 1); "
+                                      "0: one per 128 MiB of image files.", flag_values=fv)
+    flags.DEFINE_float("holdout_fraction", 0.1, "Fraction of each class held out for test when the folder has no "
+                                                "test sub-folder, in (0, 0.5].", flag_values=fv)
+    flags.DEFINE_bool("skip_bad_files", False, "Skip (and count) unreadable images instead of stopping.",
+                      flag_values=fv)
+    flags.DEFINE_bool("overwrite", False, "Replace the shards and JSON of an earlier conversion to the same --out.",
+                      flag_values=fv)
+
+
 def main(argv):
-    if not FLAGS.folder or not FLAGS.out:
+    fv = flags.FLAGS
+    if not fv.folder or not fv.out:
         sys.exit("error: --folder and --out are required")
     from uniclr_tf.data.spec import DataError
     logging.set_verbosity(logging.WARNING)  # the notes are printed
     try:
-        meta = convert(FLAGS.folder, FLAGS.out, FLAGS.shards, FLAGS.holdout_fraction, FLAGS.skip_bad_files,
-                       FLAGS.overwrite)
+        meta = convert(fv.folder, fv.out, fv.shards, fv.holdout_fraction, fv.skip_bad_files,
+                       fv.overwrite)
     except (DataError, ValueError) as e:
         sys.exit(f"error: {e}")
     parts = ", ".join(f"{s['count']} {name} images in {len(s['files'])} shard(s)" for name, s in meta["splits"].items())
     skipped = f" ({meta['num_skipped']} bad file(s) skipped)" if meta["num_skipped"] else ""
-    print(f"wrote {parts}{skipped} and {FLAGS.out}.json\ntrain with --dataset={meta['spec']}")
+    print(f"wrote {parts}{skipped} and {fv.out}.json\ntrain with --dataset={meta['spec']}")
 
 
 def entry_point():
     from uniclr_tf import flagutil
+    define_flags()
     flagutil.run_cli(__name__, __doc__, main)
 
 
