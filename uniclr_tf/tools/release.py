@@ -242,22 +242,7 @@ def model_card(name, folder, metrics, config, linear, flags_text, backbone_info,
              f"from the run folder "
              f"`{name}` by `python -m uniclr_tf.tools.release` on {versions['date']} (uniclr-tf "
              f"{versions['uniclr_tf']}, Keras {versions['keras']}, backend {versions['backend']}).", "",
-             "## Results", "", "| evaluation | top-1 |", "| --- | --- |"]
-    if metrics.get("knn_top1") is not None:
-        bank = f", memory bank {metrics['knn_memory_bank']}" if metrics.get("knn_memory_bank") else ""
-        test = f", {metrics['knn_test']} test images" if metrics.get("knn_test") else ""
-        lines.append(f"| weighted kNN on the backbone's test-split features (k={config.get('knn_k', 200)}, "
-                     f"T={config.get('knn_temperature', 0.1)}{bank}{test}) | {_num(metrics['knn_top1'])} |")
-    if metrics.get("raw_pixel_knn_top1") is not None:
-        lines.append(f"| raw-pixel kNN baseline (same protocol on the pixels) | "
-                     f"{_num(metrics['raw_pixel_knn_top1'])} |")
-    for key, section in (linear or {}).items():
-        if isinstance(section, dict) and "top1" in section and key.startswith(("linear[", "knn[")):
-            settings = section.get("settings") or {}
-            how = f", {settings['epochs']} epochs, batch {settings['batch_size']}" if "epochs" in settings else ""
-            lines.append(f"| {key} (`linear_eval.json`{how}) | {_num(section['top1'])} |")
-    if metrics.get("knn_top1") is None and not linear:
-        lines.append("| (no labelled evaluation: the dataset has no labels) | n/a |")
+             *_results_table(metrics, config, linear)]
     lines += ["", "## Training", "",
               f"- method: `{method}`" + (f" (options: {json.dumps(config['method_options'], sort_keys=True)})"
                                          if config.get("method_options") else ""),
@@ -314,6 +299,28 @@ def model_card(name, folder, metrics, config, linear, flags_text, backbone_info,
               f"them. `{METRICS_FILE}`, `{CONFIG_FILE}`, `{DATASET_FILE}`, `{FLAGS_FILE}`, `{HISTORY_FILE}` (per-epoch "
               f"losses and kNN) and `{LINEAR_EVAL_FILE}` are the run's own files, where it has them.", ""]
     return "\n".join(lines)
+
+
+def _results_table(metrics, config, linear):
+    """The model card's "Results" section: the kNN of the run, its raw-pixel baseline, and the
+    sections of ``linear_eval.json``."""
+    lines = ["## Results", "", "| evaluation | top-1 |", "| --- | --- |"]
+    if metrics.get("knn_top1") is not None:
+        bank = f", memory bank {metrics['knn_memory_bank']}" if metrics.get("knn_memory_bank") else ""
+        test = f", {metrics['knn_test']} test images" if metrics.get("knn_test") else ""
+        lines.append(f"| weighted kNN on the backbone's test-split features (k={config.get('knn_k', 200)}, "
+                     f"T={config.get('knn_temperature', 0.1)}{bank}{test}) | {_num(metrics['knn_top1'])} |")
+    if metrics.get("raw_pixel_knn_top1") is not None:
+        lines.append(f"| raw-pixel kNN baseline (same protocol on the pixels) | "
+                     f"{_num(metrics['raw_pixel_knn_top1'])} |")
+    for key, section in (linear or {}).items():
+        if isinstance(section, dict) and "top1" in section and key.startswith(("linear[", "knn[")):
+            settings = section.get("settings") or {}
+            how = f", {settings['epochs']} epochs, batch {settings['batch_size']}" if "epochs" in settings else ""
+            lines.append(f"| {key} (`linear_eval.json`{how}) | {_num(section['top1'])} |")
+    if metrics.get("knn_top1") is None and not linear:
+        lines.append("| (no labelled evaluation: the dataset has no labels) | n/a |")
+    return lines
 
 
 def sha256(path, chunk=2 ** 20):

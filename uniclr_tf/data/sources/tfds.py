@@ -43,18 +43,8 @@ def _load_tfds(spec, opts):
         raise DataError(f"{where}: cannot build the TFDS dataset: {_first_line(e)}") from e
 
     features = builder.info.features
-    if "image" not in features.keys():
-        raise DataError(f"{where}: has no 'image' feature; features: {sorted(features.keys())}")
-    image_feature = features["image"]
-    shape = tuple(image_feature.shape)
-    dtype = tf.as_dtype(getattr(image_feature, "np_dtype", None) or image_feature.dtype)
-    if dtype != tf.uint8:
-        raise DataError(f"{where}: 'image' is {dtype.name}; expected uint8")
-    if len(shape) != 3:
-        raise DataError(f"{where}: 'image' has shape {shape}; expected (height, width, channels)")
+    shape = _image_shape(features, where)
     channels = shape[2]
-    if channels not in (1, 2, 3, 4):
-        raise DataError(f"{where}: 'image' has {channels} channels; expected 1 or 3 (or 2 / 4 with alpha)")
     out_channels = opts.channels or (1 if channels in (1, 2) else 3)
     if size is None and (shape[0] is None or shape[1] is None):
         raise DataError(f"{where}: images vary in size (feature shape {shape}); pass image_size "
@@ -74,28 +64,7 @@ def _load_tfds(spec, opts):
     except Exception as e:
         raise DataError(f"{where}: download/prepare failed: {_first_line(e)}") from e
 
-    known = set(builder.info.splits.keys())  # empty when TFDS is mocked (tfds.testing.mock_data)
-    train_split = split or "train"
-    base = re.split(r"[\[+]", train_split)[0]
-    if known and base not in known:
-        raise DataError(f"{where}: no split {base!r}; splits: {sorted(known)}")
-    test_split = None
-    if not known or "test" in known:
-        test_split = "test"
-    elif "validation" in known:
-        test_split = "validation"
-    elif re.fullmatch(r"[\w-]+", train_split) and opts.splits != "train":
-        total = int(builder.info.splits[train_split].num_examples)
-        held = max(1, int(round(opts.holdout_fraction * total)))
-        test_split, train_split = f"{train_split}[{total - held}:]", f"{train_split}[:{total - held}]"
-        _note(notes, f"{spec}: no test split; holding out {_percent(opts.holdout_fraction)} ({held} images, the "
-                     f"last of the split) as test")
-    elif opts.splits != "train":
-        logging.warning("%s: no test or validation split; the test split is empty", where)
-    if opts.splits == "train":
-        test_split = None
-    elif opts.splits == "test":  # the test split of another spec's training data: the split named, else the test
-        test_split, train_split = split or test_split or train_split, None
+    train_split, test_split = _choose_splits(builder, spec, split, opts, notes)
 
     def to_pair(example):
         image = example["image"]
@@ -141,3 +110,48 @@ def _load_tfds(spec, opts):
     return _make_info(name=name, spec=spec, train=train, test=test, num_classes=num_classes,
                       class_names=class_names, mean=mean, std=std,
                       image_shape=(*out_size, out_channels), notes=notes)
+
+
+def _image_shape(features, where):
+    """The shape of the dataset's uint8 ``image`` feature ``(height, width, channels)``, checked."""
+    if "image" not in features.keys():
+        raise DataError(f"{where}: has no 'image' feature; features: {sorted(features.keys())}")
+    image_feature = features["image"]
+    shape = tuple(image_feature.shape)
+    dtype = tf.as_dtype(getattr(image_feature, "np_dtype", None) or image_feature.dtype)
+    if dtype != tf.uint8:
+        raise DataError(f"{where}: 'image' is {dtype.name}; expected uint8")
+    if len(shape) != 3:
+        raise DataError(f"{where}: 'image' has shape {shape}; expected (height, width, channels)")
+    if shape[2] not in (1, 2, 3, 4):
+        raise DataError(f"{where}: 'image' has {shape[2]} channels; expected 1 or 3 (or 2 / 4 with alpha)")
+    return shape
+
+
+def _choose_splits(builder, spec, split, opts, notes):
+    """``(train split, test split)`` as TFDS split strings (None: none): the split named (default
+    'train'), and 'test', else 'validation', else the last ``holdout_fraction`` of the train split."""
+    where = f"tfds:{_parse_tfds_spec(spec)[0]}"
+    known = set(builder.info.splits.keys())  # empty when TFDS is mocked (tfds.testing.mock_data)
+    train_split = split or "train"
+    base = re.split(r"[\[+]", train_split)[0]
+    if known and base not in known:
+        raise DataError(f"{where}: no split {base!r}; splits: {sorted(known)}")
+    test_split = None
+    if not known or "test" in known:
+        test_split = "test"
+    elif "validation" in known:
+        test_split = "validation"
+    elif re.fullmatch(r"[\w-]+", train_split) and opts.splits != "train":
+        total = int(builder.info.splits[train_split].num_examples)
+        held = max(1, int(round(opts.holdout_fraction * total)))
+        test_split, train_split = f"{train_split}[{total - held}:]", f"{train_split}[:{total - held}]"
+        _note(notes, f"{spec}: no test split; holding out {_percent(opts.holdout_fraction)} ({held} images, the "
+                     f"last of the split) as test")
+    elif opts.splits != "train":
+        logging.warning("%s: no test or validation split; the test split is empty", where)
+    if opts.splits == "train":
+        return train_split, None
+    if opts.splits == "test":  # the test split of another spec's training data: the split named, else the test
+        return None, split or test_split or train_split
+    return train_split, test_split
