@@ -1,6 +1,6 @@
 """Linear evaluation and kNN of a real (tiny) pretraining run folder on a Fashion-MNIST slice, on
 another dataset (transfer to a synthetic folder of PNGs) and on a labelled subset (semi-supervised),
-the subset rule itself (:mod:`uniclr_tf.protocols`) against a NumPy reference, and the training
+the subset rule itself (:mod:`uniclr_tf.evaluation.protocols`) against a NumPy reference, and the training
 augmentation on the device (``--augment_on=device``; also under JAX with TensorFlow unimportable)."""
 
 import json
@@ -326,7 +326,7 @@ linear_eval.entry_point()
 
 
 def reference_subset(labels, fraction, seed):
-    """The rule as documented (uniclr_tf/protocols.py, README): per class c in increasing order,
+    """The rule as documented (uniclr_tf/evaluation/protocols.py, README): per class c in increasing order,
     default_rng([seed, c]).permutation(n_c), the first max(1, floor(f * n_c + 0.5)); sorted union."""
     keep = []
     for c in sorted(set(labels.tolist())):

@@ -24,10 +24,10 @@ nothing or does not fit:
 * batch norm runs in training mode (batch statistics; its moving averages are updated and used
   for the test split).
 
-The data and the labelled subset are those of :mod:`uniclr_tf.linear_eval`: ``--dataset`` (empty:
+The data and the labelled subset are those of :mod:`uniclr_tf.evaluation.linear`: ``--dataset`` (empty:
 the pretraining dataset) is resized to the encoder's input size and normalised with the run's
 pretraining mean/std; ``--label_fraction`` keeps the class-balanced subset of
-:mod:`uniclr_tf.protocols` drawn with ``--seed`` (per class ``c`` of ``n_c`` training images:
+:mod:`uniclr_tf.evaluation.protocols` drawn with ``--seed`` (per class ``c`` of ``n_c`` training images:
 ``numpy.random.default_rng([seed, c]).permutation(n_c)``, the first ``max(1, floor(f · n_c + 0.5))``).
 
 What it writes, never touching the run's ``encoder.keras``:
@@ -80,7 +80,7 @@ def finetune(encoder, info, epochs: int = 30, batch_size: int = 256, learning_ra
       augment: random resized crop of area ``crop_scale`` + horizontal flip on the training images;
         False trains on the plain images.
       label_fraction: train on this class-balanced share of the training split
-        (:func:`uniclr_tf.protocols.labelled_subset`; 1: all of it).
+        (:func:`uniclr_tf.evaluation.protocols.labelled_subset`; 1: all of it).
       mean, std: the normalisation statistics of pretraining (default: ``info``'s).
       seed: seeds the labelled subset, the head's initialisation, the shuffling and the augmentation.
       feature_batch_size: batch of the test-split pass.

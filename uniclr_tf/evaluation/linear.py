@@ -45,13 +45,13 @@ which the encoder never saw); their channel count must be the run's (else one er
 
 ``--label_fraction=f`` (0 < f ≤ 1; default 1) is the semi-supervised protocol: the classifier (or
 the kNN memory bank) sees only a fixed, class-balanced subset of the labelled training split,
-drawn per ``--seed`` by the rule of :mod:`uniclr_tf.protocols` (per class ``c`` of ``n_c``
+drawn per ``--seed`` by the rule of :mod:`uniclr_tf.evaluation.protocols` (per class ``c`` of ``n_c``
 examples: ``numpy.random.default_rng([seed, c]).permutation(n_c)``, the first
 ``max(1, floor(f · n_c + 0.5))``); the test split is always whole. The results record the
 subset (size, SHA-256 of its indices, first indices).
 
 Each protocol merges its own section into ``RUN/linear_eval.json`` (or ``--out``), keeping the
-others, under its name (:func:`uniclr_tf.protocols.section_key`): ``linear[fashion_mnist,
+others, under its name (:func:`uniclr_tf.evaluation.protocols.section_key`): ``linear[fashion_mnist,
 labels=100%]``, ``knn[fashion_mnist, labels=100%]``, ``linear[tfds:cifar10, labels=1%, seed=0]``
 (the seed is named when it picks the subset). TensorBoard logs go to ``RUN/linear_eval_tb/<protocol>``.
 
@@ -226,7 +226,7 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
       feature_batch_size: batch of the feature extraction passes.
       verbose: Keras ``fit`` verbosity (1: progress bar).
       label_fraction: train on this class-balanced share of the training split
-        (:func:`uniclr_tf.protocols.labelled_subset`; 1: all of it).
+        (:func:`uniclr_tf.evaluation.protocols.labelled_subset`; 1: all of it).
       augment_on: where the augmentation runs. ``"host"``: in tf.data (needs TensorFlow).
         ``"device"``: inside the compiled train step, on uint8 batches of the in-memory training
         split fed to ``fit`` from NumPy (:func:`device_batches`; no TensorFlow needed, e.g. Keras
@@ -333,7 +333,7 @@ def knn_result(encoder, info, k: int = 200, temperature: float = 0.1, mean=None,
     """:func:`uniclr_tf.evaluation.knn_eval` of ``encoder`` on ``info`` (training split as the
     memory bank, test split as queries), with the settings, as ``linear_eval.json`` records it.
     ``label_fraction`` < 1 cuts the memory bank to the labelled subset drawn with ``seed``
-    (:func:`uniclr_tf.protocols.labelled_subset`)."""
+    (:func:`uniclr_tf.evaluation.protocols.labelled_subset`)."""
     from uniclr_tf import evaluation
     from uniclr_tf.augment import EvalPreprocess
 
