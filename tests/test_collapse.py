@@ -101,12 +101,12 @@ def test_a_warn_detector_prints_and_goes_on(capsys):
 # --- a real collapse on the CPU, end to end ----------------------------------------------------------
 
 # SimCLR with a huge symmetric weight on a 4-d embedding: right after the one-epoch lr warm-up the
-# embedding std falls from 0.44 to 0.03 of the 1/sqrt(D) of spread-out embeddings (the same numbers on
-# every run), under the detector's threshold here (0.05; 0.02 by default, set for D = 128-2048).
+# embedding std falls from about 0.44 to 0.03 of the 1/sqrt(D) of spread-out embeddings, well under the
+# detector's threshold here (0.1; 0.02 by default, set for D = 128-2048).
 COLLAPSING = ["--flagfile=configs/quickstart.flags", "--method=simclr", "--encoder=tiny", "--encoder_width=16",
               "--projector_dims=64,4", "--batch_size=64", "--max_examples=512", "--knn_max_train=512",
               "--epochs=4", "--steps_per_epoch=4", "--knn_every=1", "--warmup_epochs=1", "--base_learning_rate=1.0",
-              "--gamma=30", "--collapse_std_fraction=0.05", "--nopictures", "--verbose=2"]
+              "--gamma=30", "--collapse_std_fraction=0.1", "--nopictures", "--verbose=2"]
 
 
 def _train(*flags, run_dir):
@@ -160,8 +160,8 @@ def test_on_collapse_warn_finishes_the_run_and_says_it_is_below_raw_pixels(tmp_p
     result = _train(*COLLAPSING, "--on_collapse=warn", "--run_name=warned", run_dir=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "warning: collapse at epoch" in result.stdout
-    assert result.stdout.rstrip().splitlines()[-1].endswith("below the raw-pixel baseline: this run learned nothing "
-                                                            "useful") or "below the raw-pixel baseline" in result.stdout
+    last = result.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("note: ") and "is below the raw-pixel baseline" in last, last
     metrics = json.loads((tmp_path / "warned" / "metrics.json").read_text())
     assert metrics["status"] == "finished" and metrics["below_raw_pixel_baseline"] is True
 

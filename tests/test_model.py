@@ -35,7 +35,8 @@ def test_compute_objective_is_the_objective_of_the_two_views(objective):
     loss, logs = model.compute_objective(v, training=False)
     z1 = model.projector(model.encoder(v[0]))
     z2 = model.projector(model.encoder(v[1]))
-    kwargs = {"simaffinity": dict(temperature=0.5, gamma=0.01), "simwhitening": dict(temperature=1.0, gamma=0.01, eps=1e-4),
+    gamma = 0.01 * 512 / 16  # the symmetric term scaled to the reference batch of 512 rows (16 here)
+    kwargs = {"simaffinity": dict(temperature=0.5, gamma=gamma), "simwhitening": dict(temperature=1.0, gamma=gamma, eps=1e-4),
               "simtrace": dict(eps=1e-4)}[objective]
     loss_fn = {"simaffinity": objectives.sim_affinity_loss, "simwhitening": objectives.sim_whitening_loss,
                "simtrace": objectives.sim_trace_loss}[objective]
@@ -45,7 +46,7 @@ def test_compute_objective_is_the_objective_of_the_two_views(objective):
     for name, value in terms.items():
         np.testing.assert_allclose(float(logs[name]), float(value), rtol=1e-5, atol=1e-6)
     if objective != "simtrace":
-        np.testing.assert_allclose(float(logs["cross_entropy"]) + 0.01 * float(logs["symmetry"]), float(loss), rtol=1e-5)
+        np.testing.assert_allclose(float(logs["cross_entropy"]) + gamma * float(logs["symmetry"]), float(loss), rtol=1e-5)
     assert float(logs["embedding_std"]) > 0
 
 
@@ -57,7 +58,9 @@ def test_multicrop_loss_is_mean_over_pairs():
     t = [model.projector(model.encoder(x)) for x in v[:2]]
     pairs = model.view_pairs(4)
     assert pairs == [(0, 1), (1, 0), (2, 0), (2, 1), (3, 0), (3, 1)]
-    expected = np.mean([float(objectives.sim_affinity_loss(z[i], t[j])) for i, j in pairs])
+    # the symmetric term on the global pairs only, scaled to the reference batch (512 / 16 rows)
+    expected = np.mean([float(objectives.sim_affinity_loss(z[i], t[j], gamma=0.32 if i < 2 else 0.0))
+                        for i, j in pairs])
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
 
 

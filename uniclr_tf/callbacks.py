@@ -193,7 +193,9 @@ class CollapseDetector(keras.callbacks.Callback):
             return None
         knn = float(knn)
         low = knn < self.raw - self.knn_margin
-        dropped = self.best_knn is not None and knn < self.best_knn - self.knn_margin
+        # a drop counts from a reading that had learned something (not the noise of an untrained encoder)
+        dropped = (self.best_knn is not None and self.best_knn >= self.raw - self.knn_margin
+                   and knn < self.best_knn - self.knn_margin)
         if low and (epoch + 1 > max(self.warmup_epochs, self.min_epochs) or dropped):
             best = f", down from {self.best_knn:.4f}" if self.best_knn is not None else ""
             return (f"kNN top-1 {knn:.4f}{best}, more than {self.knn_margin:.2f} below the raw-pixel baseline "

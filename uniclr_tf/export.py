@@ -286,12 +286,12 @@ def build_serving_fn(encoder, projector, preprocess):
     return serve
 
 
-def load_run(run_dir):
+def load_run(run_dir, force=False):
     """``(encoder, projector, EvalPreprocess, dataset.json dict)`` of a run folder, checked
     (channels, feature size) by :class:`uniclr_tf.runs.RunFolder`
     (:func:`uniclr_tf.evaluation.run.load_run` of the files an export reads)."""
     from uniclr_tf.evaluation.run import load_run as load
-    check_run_dir(run_dir)  # the export checks: a collapsed run is refused
+    check_run_dir(run_dir, force=force)  # the export checks: a collapsed run is refused unless forced
     run = load(run_dir, require_labels=False, require=RUN_FILES, projector=True)
     return run.encoder, run.projector, run.folder.eval_preprocess(), run.dataset
 
@@ -314,7 +314,7 @@ def export_run(run_dir, out_dir, version=None, overwrite=False, force=False):
     import tensorflow as tf
 
     config = folder.config if folder.has(CONFIG_FILE) else {}  # optional (metadata); checked before the slow work
-    encoder, projector, preprocess, info = load_run(run_dir)
+    encoder, projector, preprocess, info = load_run(run_dir, force=force)
     channels = info["image_shape"][-1]
 
     saved_model_dir = out_dir if version is None else os.path.join(out_dir, str(version))
@@ -396,7 +396,7 @@ def _export_meta(run_dir, out_dir, saved_model_dir, version, encoder, projector,
 # --------------------------------------------------------------------------------------------
 
 
-def check_export(export_dir, run_dir, num_images=8, seed=0, tolerance=DEFAULT_TOLERANCE):
+def check_export(export_dir, run_dir, num_images=8, seed=0, tolerance=DEFAULT_TOLERANCE, force=False):
     """Runs the reloaded SavedModel and the run's Keras models on the same uint8 images.
 
     Compared (max abs difference, each with its limit):
@@ -419,7 +419,7 @@ def check_export(export_dir, run_dir, num_images=8, seed=0, tolerance=DEFAULT_TO
     import tensorflow as tf
 
     saved_model_dir = find_saved_model(export_dir)
-    encoder, projector, preprocess, info = load_run(run_dir)
+    encoder, projector, preprocess, info = load_run(run_dir, force=force)
     height, width, channels = info["image_shape"]
     try:
         loaded = tf.saved_model.load(saved_model_dir)
@@ -500,10 +500,11 @@ def main(argv):
     if bool(fv.out) == bool(fv.check):
         sys.exit("error: give exactly one of --out=DIR (export) or --check=DIR (verify an export)")
     try:
-        check_run_dir(fv.run_dir)
+        check_run_dir(fv.run_dir, force=fv.force)
         if fv.check:
             find_saved_model(fv.check)
-            result = check_export(fv.check, fv.run_dir, num_images=fv.num_check_images, tolerance=fv.tolerance)
+            result = check_export(fv.check, fv.run_dir, num_images=fv.num_check_images, tolerance=fv.tolerance,
+                                  force=fv.force)
             for name, (diff, limit) in result["checks"].items():
                 print(f"max abs diff {name}: {diff:.3g} (limit {limit:.3g})")
             failed = [name for name, (diff, limit) in result["checks"].items() if diff > limit]

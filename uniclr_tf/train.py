@@ -897,7 +897,10 @@ def main(argv):
         except ValueError as e:  # building the config from the flags: what fails is a flag's value
             raise UsageError(str(e)) from None
         with backup.Interrupts(immediate=True):  # outside training a signal stops at once (training: a backup)
-            run(cfg)
+            run_dir, metrics = run(cfg)
+        if metrics.get("below_raw_pixel_baseline"):  # the last line a finished run prints says so
+            print(f"note: {run_dir} finished, but its kNN top-1 {metrics['knn_top1']:.4f} is below the raw-pixel "
+                  f"baseline {metrics['raw_pixel_knn_top1']:.4f}: this encoder learned nothing useful", flush=True)
     except backup.TrainingStopped as e:  # a backup is on disk; rerunning resumes
         print(str(e), flush=True)
         sys.exit(e.exit_code)

@@ -401,7 +401,7 @@ def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print, 
             atomic_write_json(os.path.join(sm_dir, export.EXPORT_JSON),
                               {**meta, "backbone": f"../{BACKBONE_FILE}", "saved_model_dir": "."})
             backbone_info["embedding_dim"] = meta["embedding_dim"]
-            result = export.check_export(sm_dir, run_dir, num_images=NUM_CHECK_IMAGES)
+            result = export.check_export(sm_dir, run_dir, num_images=NUM_CHECK_IMAGES, force=force)
             if not result["ok"]:
                 raise RuntimeError(f"the SavedModel reloaded differs from the run's models by "
                                    f"{result['max_abs_diff']:.3g} (max abs): nothing released")
