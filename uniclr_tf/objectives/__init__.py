@@ -5,8 +5,7 @@ Rows are samples: embeddings are ``[N, D]``. Every loss returns a scalar mean ov
 ``return_terms=True``, ``(loss, terms)``. One module per family; this package re-exports them all:
 
 * :mod:`~uniclr_tf.objectives.uniclr`: the UniCLR objectives (arXiv 2211.14516): SimAffinity,
-  SimWhitening, SimTrace, the symmetric loss, the affinity matrix, ``embedding_std``, ``l2_normalize``,
-  and the registry :data:`LOSSES` / :func:`get_objective` (the three UniCLR names only).
+  SimWhitening, SimTrace, the symmetric loss, the affinity matrix, ``embedding_std``, ``l2_normalize``.
 * :mod:`~uniclr_tf.objectives.contrastive`: SimCLR's NT-Xent, MoCo's InfoNCE, CO2.
 * :mod:`~uniclr_tf.objectives.asymmetric`: BYOL, SimSiam's negative cosine.
 * :mod:`~uniclr_tf.objectives.redundancy`: Barlow Twins, VICReg, W-MSE, Zero-CL.
@@ -31,11 +30,9 @@ from uniclr_tf.objectives.redundancy import vicreg_loss
 from uniclr_tf.objectives.redundancy import wmse_loss
 from uniclr_tf.objectives.redundancy import zca_whitening_matrix
 from uniclr_tf.objectives.redundancy import zero_cl_loss
-from uniclr_tf.objectives.uniclr import LOSSES
 from uniclr_tf.objectives.uniclr import WHITENING_MODES
 from uniclr_tf.objectives.uniclr import affinity_matrix
 from uniclr_tf.objectives.uniclr import embedding_std
-from uniclr_tf.objectives.uniclr import get_objective
 from uniclr_tf.objectives.uniclr import group_whiten
 from uniclr_tf.objectives.uniclr import l2_normalize
 from uniclr_tf.objectives.uniclr import sim_affinity_loss
@@ -45,7 +42,6 @@ from uniclr_tf.objectives.uniclr import symmetry_loss
 from uniclr_tf.objectives.uniclr import whiten
 
 __all__ = [
-    "LOSSES",
     "WHITENING_MODES",
     "affinity_matrix",
     "barlow_twins_loss",
@@ -54,7 +50,6 @@ __all__ = [
     "co2_loss",
     "dino_loss",
     "embedding_std",
-    "get_objective",
     "group_whiten",
     "info_nce_loss",
     "l2_normalize",

@@ -44,10 +44,8 @@ from uniclr_tf.whitening import group_whiten
 from uniclr_tf.whitening import whiten
 
 __all__ = [
-    "LOSSES",
     "affinity_matrix",
     "embedding_std",
-    "get_objective",
     "group_whiten",
     "l2_normalize",
     "sim_affinity_loss",
@@ -262,18 +260,3 @@ def embedding_std(z):
     z = check_embedding(z, "z")
     z = ops.cast(z, compute_dtype(z))
     return ops.mean(ops.std(l2_normalize(z), axis=0))
-
-
-LOSSES = {
-    "simaffinity": sim_affinity_loss,
-    "simwhitening": sim_whitening_loss,
-    "simtrace": sim_trace_loss,
-}
-
-
-def get_objective(name):
-    """The loss function registered as ``name`` (case-insensitive) in :data:`LOSSES`."""
-    key = name.lower() if isinstance(name, str) else name
-    if key not in LOSSES:
-        raise ValueError(f"Unknown objective {name!r}; valid names: {sorted(LOSSES)}")
-    return LOSSES[key]
