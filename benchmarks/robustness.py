@@ -12,11 +12,12 @@ raw-pixel baseline. ``benchmarks/study/robustness.sh`` runs the plan on a GPU ma
 """
 
 import glob
-import json
 import os
-import re
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import study  # noqa: E402  (its _json: a JSON file's content, or None)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEEDS = range(5)
@@ -49,21 +50,13 @@ def plan():
     return "\n".join(lines) + "\n"
 
 
-def _metrics(out, name):
-    try:
-        with open(os.path.join(out, name, "metrics.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def table(out):
     """Markdown rows: config, seeds run, failed (and why), kNN top-1 min / mean / max, raw pixels."""
     rows = ["| config | seeds run | failed | kNN top-1 min / mean / max | raw pixels |", "|---|---|---|---|---|"]
     for config in configs():
         knn, failed, raw = [], [], None
         for seed in SEEDS:
-            m = _metrics(out, run_name(config, seed))
+            m = study._json(os.path.join(out, run_name(config, seed), "metrics.json"))
             if m is None:
                 continue
             raw = m.get("raw_pixel_knn_top1", raw)
