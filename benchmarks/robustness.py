@@ -35,6 +35,19 @@ def configs():
     return [os.path.relpath(p, ROOT) for p in top + paper + methods]
 
 
+def alias_of(config):
+    """The config that ``config`` only points to (its one setting is ``--flagfile=OTHER``, e.g.
+    configs/methods/simaffinity.flags), when OTHER is checked too: the same recipe, so its runs are
+    OTHER's (the plan does not run it twice). None for a config of its own."""
+    with open(os.path.join(ROOT, config)) as f:
+        settings = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    if len(settings) == 1 and settings[0].startswith("--flagfile="):
+        target = os.path.normpath(settings[0].split("=", 1)[1])
+        if target in configs():
+            return target
+    return None
+
+
 def run_name(config, seed):
     """``configs/paper/fashion_mnist_simtrace.flags`` -> ``paper.fashion_mnist_simtrace-s0``."""
     stem = os.path.splitext(os.path.relpath(config, "configs"))[0].replace(os.sep, ".")
@@ -46,6 +59,9 @@ def plan():
              f"the first {EPOCHS} epochs of each schedule.",
              f"common: {COMMON}"]
     for config in configs():
+        if alias_of(config):
+            lines.append(f"# {config}: the recipe of {alias_of(config)} (its runs)")
+            continue
         lines += [f"{run_name(config, seed)}  --flagfile={config} --seed={seed}" for seed in SEEDS]
     return "\n".join(lines) + "\n"
 
@@ -55,8 +71,9 @@ def table(out):
     rows = ["| config | seeds run | failed | kNN top-1 min / mean / max | raw pixels |", "|---|---|---|---|---|"]
     for config in configs():
         knn, failed, raw = [], [], None
+        same = alias_of(config)
         for seed in SEEDS:
-            m = study._json(os.path.join(out, run_name(config, seed), "metrics.json"))
+            m = study._json(os.path.join(out, run_name(same or config, seed), "metrics.json"))
             if m is None:
                 continue
             raw = m.get("raw_pixel_knn_top1", raw)
@@ -72,6 +89,8 @@ def table(out):
         if not ran:
             continue
         spread = (f"{min(knn):.4f} / {statistics.mean(knn):.4f} / {max(knn):.4f}" if knn else "-")
+        if same:
+            config = f"{config} (= {same})"
         rows.append(f"| {config} | {ran} | {len(failed)}{' (' + '; '.join(failed) + ')' if failed else ''} | "
                     f"{spread} | {raw:.4f} |" if raw is not None else f"| {config} | {ran} | {len(failed)} | {spread} | - |")
     return "\n".join(rows)

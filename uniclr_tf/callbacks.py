@@ -1,8 +1,8 @@
-"""Training callbacks: the kNN monitor, the history / log / curves recorder, a step clock and the
-collapse detector.
+"""Training callbacks: the kNN monitor, the history / log / curves recorder, a step clock, the
+collapse detector and a step profiler.
 
-None of them implements ``on_train_batch_end``: Keras then dispatches the per-step hook off the
-training thread instead of converting every step's logs to Python numbers (a device sync)."""
+Those that implement ``on_train_batch_end`` declare ``async_safe``: Keras then dispatches the per-step
+hook off the training thread instead of converting every step's logs to Python numbers (a device sync)."""
 
 import contextlib
 import math
@@ -69,6 +69,68 @@ class StepClock(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None and hasattr(self, "_start"):
             logs["step_seconds"] = time.perf_counter() - self._start
+
+
+class StepProfiler(keras.callbacks.Callback):
+    """Traces optimizer steps ``first..last`` of this invocation (counted from 1) with the backend's
+    profiler into ``log_dir``: on JAX ``jax.profiler`` (TensorBoard's profile plus a Perfetto trace,
+    ``*.trace.json.gz``, that https://ui.perfetto.dev opens), on TensorFlow ``tf.profiler``.
+
+    The trace starts before step ``first`` is dispatched and stops once step ``last``'s results reached
+    the host (``on_train_batch_end`` gets them as Python numbers), so it holds whole steps; it declares
+    ``async_safe`` so that Keras keeps dispatching steps ahead of the device, as without it (a
+    per-step sync would change what is measured). A trace still open at the epoch's end stops there."""
+
+    async_safe = True
+
+    def __init__(self, log_dir, first, last):
+        super().__init__()
+        if not 1 <= first <= last:
+            raise ValueError(f"StepProfiler: expected 1 <= first <= last; received {first}, {last}")
+        self.log_dir, self.first, self.last = log_dir, int(first), int(last)
+        self._begun = 0  # steps dispatched by this invocation
+        self._offset = 0  # steps dispatched by this invocation before the current epoch
+        self._state = "waiting"  # -> "tracing" -> "done"
+        self._lock = threading.Lock()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._offset = self._begun
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begun += 1
+        if self._begun == self.first and self._state == "waiting":
+            os.makedirs(self.log_dir, exist_ok=True)
+            if keras.backend.backend() == "jax":
+                import jax
+                jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True)
+            else:
+                import tensorflow as tf
+                tf.profiler.experimental.start(self.log_dir)
+            self._state = "tracing"
+            print(f"profiler: tracing steps {self.first}..{self.last} into {self.log_dir}", flush=True)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._offset + int(batch) + 1 >= self.last:  # (this thread may run behind the dispatching one)
+            self._stop()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._stop()
+
+    def on_train_end(self, logs=None):
+        self._stop()
+
+    def _stop(self):
+        with self._lock:
+            if self._state != "tracing":
+                return
+            self._state = "done"
+        if keras.backend.backend() == "jax":
+            import jax
+            jax.profiler.stop_trace()
+        else:
+            import tensorflow as tf
+            tf.profiler.experimental.stop()
+        print(f"profiler: trace written to {self.log_dir}", flush=True)
 
 
 class EpochTensorBoard(keras.callbacks.TensorBoard):

@@ -122,11 +122,12 @@ class TrainConfig:
     compilation_cache_dir: str = "~/.cache/uniclr_tf/xla"  # JAX: compiled steps kept across runs ("": off)
     autotune_table: bool = True  # JAX on a GPU: seed the cache with the shipped autotuning results (autotune.py)
     tensorboard_every_steps: int = 10  # per-step TensorBoard scalars every N steps (0: per epoch only)
+    profile_steps: tuple = dataclasses.field(default=(), metadata={"kind": int, "many": True})  # (first, last): trace these steps of this invocation into RUN/profile
 
     # Fields that control one invocation, not the run: not in flags.txt, not compared on resume.
     INVOCATION_FIELDS = ("run_dir", "export", "overwrite", "resume_from", "stop_after_steps", "backup_every_minutes", "verbose",
                          "coordinator_address", "num_processes", "process_id", "pictures", "compilation_cache_dir",
-                         "autotune_table", "tensorboard_every_steps")
+                         "autotune_table", "tensorboard_every_steps", "profile_steps")
 
     VIEW_FIELDS = ("global_scale", "local_scale", "flip_prob", "color_jitter", "color_jitter_prob",
                    "grayscale_prob", "blur_prob", "solarize_prob")
@@ -193,6 +194,9 @@ class TrainConfig:
         check(self.knn_every >= 0, "knn_every", "an integer >= 0")
         check(self.knn_max_train >= 0, "knn_max_train", "an integer >= 0")
         check(self.steps_per_execution >= 1, "steps_per_execution", "an integer >= 1")
+        check(self.profile_steps == () or (len(self.profile_steps) == 2 and 1 <= int(self.profile_steps[0])
+                                           <= int(self.profile_steps[1])), "profile_steps",
+              "empty, or two step numbers FIRST,LAST with 1 <= FIRST <= LAST")
         check(self.tensorboard_every_steps >= 0, "tensorboard_every_steps", "an integer >= 0")
         check(self.strategy != "tpu" or bool(self.tpu), "tpu", "a TPU name or address with --strategy=tpu")
         check(self.max_examples >= 0, "max_examples", "an integer >= 0")

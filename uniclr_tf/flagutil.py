@@ -27,7 +27,7 @@ def define_flag(name, default, kind, help_, flag_values, many=False, choices=Non
 
 
 def _kind(field):
-    if field.default is None:
+    if field.default is None or "kind" in field.metadata:
         return field.metadata["kind"], field.metadata.get("many", False)
     if isinstance(field.default, tuple):
         return type(field.default[0]), True

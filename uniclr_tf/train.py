@@ -130,6 +130,9 @@ HELP = {
                       "time every convolution again (about 17 s of a ResNet-18 step's 25 s compile on an H100/H200).",
     "tensorboard_every_steps": "Write per-step TensorBoard scalars (step_<name>: the epoch's running means) every "
                                "N optimizer steps; 0: per-epoch scalars only.",
+    "profile_steps": "FIRST,LAST: trace the device and host work of optimizer steps FIRST..LAST of this invocation "
+                     "(counted from 1) with the backend's profiler into <run>/profile (JAX: a Perfetto trace and "
+                     "TensorBoard's profile; TF: TensorBoard's profile). Empty: off.",
     "verbose": "0: a progress bar on a terminal, one line per epoch otherwise; 1: progress bar; 2: one line per epoch.",
 }
 ENUMS = {"encoder": ENCODERS, "optimizer": OPTIMIZERS, "precision": PRECISIONS,
@@ -569,9 +572,11 @@ def _callbacks(ctx, ev, fit, interrupts):
     monitor, the history, TensorBoard, the backups (of what the others wrote for the epoch), then the
     collapse detector (it keeps the backup of each epoch it finds healthy)."""
     from uniclr_tf import backup, data
-    from uniclr_tf.callbacks import CollapseDetector, EpochTensorBoard, StepClock
+    from uniclr_tf.callbacks import CollapseDetector, EpochTensorBoard, StepClock, StepProfiler
     cfg, chief = ctx.cfg, ctx.chief
     callbacks = [StepClock()] + ([ev.monitor] if ev.monitor else [])
+    if cfg.profile_steps and chief:
+        callbacks.insert(0, StepProfiler(os.path.join(ctx.run_dir, "profile"), *map(int, cfg.profile_steps)))
     saver = backup.BackupCallback(fit.writer, fit.progress, every_s=60.0 * cfg.backup_every_minutes,
                                   stop_after_steps=cfg.stop_after_steps, interrupts=interrupts,
                                   method=cfg.method, before_write=fit.history.pending_write if chief else None)
