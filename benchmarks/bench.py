@@ -210,9 +210,9 @@ def build_training_model(shape, mean, std):
                       batch_size=FLAGS.batch_size, optimizer=FLAGS.optimizer,
                       precision=FLAGS.precision, seed=FLAGS.seed, online_probe=False,
                       augment_on="device", epochs=100, warmup_epochs=10)
-    keras.utils.set_random_seed(cfg.seed)
-    if cfg.precision != "float32":
-        keras.mixed_precision.set_global_policy(f"mixed_{cfg.precision}")
+    keras.utils.set_random_seed(cfg.system.seed)
+    if cfg.system.precision != "float32":
+        keras.mixed_precision.set_global_policy(f"mixed_{cfg.system.precision}")
     info = types.SimpleNamespace(image_shape=tuple(shape), num_classes=None, mean=mean, std=std)
     device_aug = build_augmenter(cfg, info)
     model = build_model(cfg, info, augmenter=device_aug)

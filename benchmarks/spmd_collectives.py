@@ -109,14 +109,14 @@ def main():
     for op, _, nbytes in found:
         totals[op] += nbytes
         counts[op] += 1
-    print(f"\n{len(devices)} {devices[0].platform} devices, global batch {cfg.batch_size}, method {cfg.method}, "
-          f"encoder {cfg.encoder}; {len(found)} collectives in the compiled step")
+    print(f"\n{len(devices)} {devices[0].platform} devices, global batch {cfg.optim.batch_size}, method {cfg.method}, "
+          f"encoder {cfg.network.encoder}; {len(found)} collectives in the compiled step")
     print(f"{'op':<20} {'count':>6} {'MiB':>10}   result shape")
     for (op, shape), (count, nbytes) in rows[:40]:
         print(f"{op:<20} {count:>6} {nbytes / 2**20:>10.3f}   {shape[:90]}")
     print("totals: " + ", ".join(f"{op} {counts[op]} x, {totals[op] / 2**20:.2f} MiB" for op in totals))
-    result = {"devices": len(devices), "platform": devices[0].platform, "batch_size": cfg.batch_size,
-              "method": cfg.method, "encoder": cfg.encoder, "train_args": train_args,
+    result = {"devices": len(devices), "platform": devices[0].platform, "batch_size": cfg.optim.batch_size,
+              "method": cfg.method, "encoder": cfg.network.encoder, "train_args": train_args,
               "totals_bytes": dict(totals), "counts": dict(counts),
               "groups": [{"op": op, "shape": shape, "count": c, "bytes": b} for (op, shape), (c, b) in rows]}
     if args.out:

@@ -63,7 +63,7 @@ def make_run(run_dir, seed=0, encoder_name="tiny", width=4, projector_dims=(32, 
         json.dump({"dataset": "fashion_mnist", "image_shape": list(IMAGE_SHAPE), "num_classes": 10,
                    "mean": list(MEAN), "std": list(STD), "num_train": 60000}, f, indent=2)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
-        f.write(TrainConfig(encoder=encoder_name, encoder_width=width, projector_dims=projector_dims).to_json())
+        f.write(TrainConfig.make(encoder=encoder_name, encoder_width=width, projector_dims=projector_dims).to_json())
     return encoder, projector
 
 

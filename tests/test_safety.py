@@ -151,14 +151,14 @@ def test_overwrite_never_leaves_run_dir_nor_deletes_a_folder_that_is_not_a_run(t
     (tmp_path / "elsewhere").mkdir()
     os.symlink(tmp_path / "elsewhere", parent / "runs" / "linked")
     for name in ("..", "../precious", str(parent / "precious"), "linked", "."):
-        cfg = TrainConfig(run_dir=str(parent / "runs"), run_name=name, overwrite=True)
+        cfg = TrainConfig.make(run_dir=str(parent / "runs"), run_name=name, overwrite=True)
         with pytest.raises(runs.RunFolderError, match="--run_name="):
             train.run_path(cfg)
     # a folder inside --run_dir that holds no run of this tool: refused with or without --overwrite
     (parent / "runs" / "notes").mkdir()
     (parent / "runs" / "notes" / "todo.txt").write_text("keep me")
     for overwrite in (False, True):
-        cfg = TrainConfig(run_dir=str(parent / "runs"), run_name="notes", overwrite=overwrite)
+        cfg = TrainConfig.make(run_dir=str(parent / "runs"), run_name="notes", overwrite=overwrite)
         with pytest.raises(ValueError, match="not a run of uniclr_tf.train") as e:
             train.prepare_run_folder(cfg, train.run_path(cfg))
         assert "--overwrite" not in str(e.value)  # the refusal gives no advice that would wipe it
@@ -170,7 +170,7 @@ def test_overwrite_never_leaves_run_dir_nor_deletes_a_folder_that_is_not_a_run(t
     runs.mark_run_folder(str(run))
     (run / "config.json").write_text("{}")
     with runs.RunLock(str(run)):
-        cfg = TrainConfig(run_dir=str(parent / "runs"), run_name="mine", overwrite=True)
+        cfg = TrainConfig.make(run_dir=str(parent / "runs"), run_name="mine", overwrite=True)
         assert train.prepare_run_folder(cfg, str(run)) == ("new", None)
     assert sorted(os.listdir(run)) == [runs.LOCK_FILE]
 
@@ -412,10 +412,11 @@ def test_divergence_is_caught_inside_the_epoch(cli_runs):
 
 def test_resume_notes_say_where_the_run_resumes():
     from uniclr_tf import train
+    from uniclr_tf.config import TrainConfig
     assert train._resume_note({"epoch": 6, "step": 60}, 6) == (" (all 6 epochs done, step 60: resuming at the "
                                                                 "final stage)")
     assert train._resume_note({"epoch": 1, "step": 15}, 6) == " (resuming at epoch 2, step 15)"
-    assert "-<timestamp>" not in train.HELP["run_name"]
+    assert "-<timestamp>" not in TrainConfig.field_help("run_name")
 
 
 # ---------------------------------------------------------------------------------------------

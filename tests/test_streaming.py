@@ -202,14 +202,14 @@ def test_holdout_fraction_and_eval_spec(tmp_path):
 
 
 def test_train_config_validates_the_data_fields():
-    assert TrainConfig(dataset="tfrecord:/data/x-train-*", eval_dataset="folder:/data/test").eval_dataset
+    assert TrainConfig.make(dataset="tfrecord:/data/x-train-*", eval_dataset="folder:/data/test").data.eval_dataset
     for fields, fragment in (({"holdout_fraction": 0.7}, "--holdout_fraction"),
                              ({"holdout_fraction": 0.0}, "--holdout_fraction"),
                              ({"eval_dataset": "nope"}, "--eval_dataset"),
                              ({"max_in_memory_mb": -1}, "--max_in_memory_mb"),
                              ({"dataset": "records:/x"}, "--dataset")):
         with pytest.raises(ValueError, match=fragment):
-            TrainConfig(**fields)
+            TrainConfig.make(**fields)
 
 
 def test_streamed_data_without_tensorflow_says_so(tmp_path, run_python):

@@ -159,8 +159,8 @@ def test_every_row_of_a_shipped_plan_is_a_train_command_the_cli_accepts(plan, mo
         train.define_flags(fv)
         fv(["train", *study.train_flags(common, name, own, "/tmp/unused")])
         cfg = train.config_from_flags(fv).resolved()
-        cfg.build_method().check_setup(cfg.batch_size, cfg.projector_dims[-1])
-        assert cfg.run_name == name
+        cfg.build_method().check_setup(cfg.optim.batch_size, cfg.network.projector_dims[-1])
+        assert cfg.system.run_name == name
 
 
 def test_a_study_sharing_its_out_folder_with_another_summarises_both(tmp_path):

@@ -132,7 +132,7 @@ def test_cli_trains_every_trick_and_reports_knn(cli):
     assert "--ema_momentum=0.99" in flags_txt and "--num_local_crops=2" in flags_txt and "--predictor\n" in flags_txt
     assert "--method=simaffinity" in flags_txt and "--temperature=0.5" in flags_txt  # the method's defaults, pinned
     replayed = TrainConfig.from_json((run / "config.json").read_text())
-    assert replayed.num_local_crops == 2 and replayed.options["ema_momentum"] == 0.99
+    assert replayed.views.num_local_crops == 2 and replayed.options["ema_momentum"] == 0.99
 
 
 @pytest.mark.parametrize("case", range(len(BAD_VALUES)), ids=[" ".join(f) for f, _ in BAD_VALUES])
@@ -164,9 +164,9 @@ def test_every_config_field_has_a_flag_and_every_flagfile_parses():
         cfg = train.config_from_flags(fv)
         assert isinstance(cfg, TrainConfig), name
         if name == "paper/imagenet_simaffinity.flags":  # nested flagfile + overrides resolved
-            assert (cfg.encoder, cfg.num_local_crops, cfg.method) == ("resnet50", 6, "simaffinity")
+            assert (cfg.network.encoder, cfg.views.num_local_crops, cfg.method) == ("resnet50", 6, "simaffinity")
             assert cfg.options == {"predictor": True, "ema_momentum": 0.99, "temperature": 0.5, "symmetric_loss_weight": 0.01}
-            assert cfg.projector_dims == (2048, 2048, 2048) and cfg.local_scale == (0.05, 0.4)
+            assert cfg.network.projector_dims == (2048, 2048, 2048) and cfg.views.local_scale == (0.05, 0.4)
 
 
 NO_TF_RUN = NO_TENSORFLOW + r"""
@@ -205,9 +205,9 @@ def test_help_lists_every_flag_by_group_with_its_default(cli):
               "\nsystem", "\nthis invocation"]
     positions = [out.find(t) for t in titles]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), positions
-    for field in dataclasses.fields(TrainConfig):
-        if field.name != "method_options":
-            assert f"  --{field.name}=" in out, field.name
+    for name in TrainConfig.flat_names():
+        if name != "method_options":
+            assert f"  --{name}=" in out, name
     for name in methods.option_specs():
         assert f"  --{name}=unset" in out, name
     flat = " ".join(out.split())  # help text is wrapped

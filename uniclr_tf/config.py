@@ -1,8 +1,19 @@
-"""The one frozen configuration object a run is built from.
+"""The one frozen configuration object a run is built from, composed of one small config per concern.
 
 Only the entry points define flags (``uniclr_tf.train``); they turn them into a ``TrainConfig``
-and library code takes plain arguments from it. ``TrainConfig`` validates itself on construction,
-so a bad value stops the run before any data is loaded, with a message naming the flag.
+and library code takes plain arguments from it. Each sub-config holds one group of settings and
+validates its own fields on construction (a bad value stops the run before any data is loaded,
+with a message naming the flag); ``TrainConfig`` checks what spans two of them. Every field is a
+flag of the same name, declared with :func:`flag` next to its help text; ``--help`` lists the flags
+by sub-config (its ``TITLE``)::
+
+    cfg.data.dataset, cfg.network.encoder, cfg.views.num_local_crops, cfg.optim.batch_size,
+    cfg.evaluation.knn_k, cfg.system.seed, cfg.invocation.overwrite, cfg.method
+
+On disk a config is flat, one entry per flag (``config.json``: :meth:`TrainConfig.to_flat`,
+:meth:`TrainConfig.from_flat`; ``flags.txt``: :meth:`TrainConfig.to_flagfile`), as it always was, so
+run folders written before the sub-configs read unchanged. :class:`InvocationConfig` holds what
+controls one invocation, not the run: it is not in ``flags.txt`` and not compared on resume.
 
 The method (``--method``, alias ``--objective``) comes from :mod:`uniclr_tf.methods`; its options
 (``--temperature``, ``--ema_momentum``, ``--queue_size``, ...) are flags generated from the
@@ -13,7 +24,9 @@ an error naming the flag. View fields left at None take the method's augmentatio
 
 import dataclasses
 import json
+from typing import ClassVar
 
+from uniclr_tf.data.spec import spec_forms
 from uniclr_tf.errors import UsageError
 
 ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small")  # encoders.ENCODERS (no import here)
@@ -29,138 +42,131 @@ _LEGACY_OPTION_FIELDS = ("temperature", "gamma", "eps", "whitening_mode", "stop_
                          "whitening_groups", "symmetric_directions", "ema_momentum", "predictor")
 
 
-#: ``--help`` groups of the train flags: (title, the group's first field in TrainConfig).
-HELP_GROUPS = (("data", "dataset"), ("network", "encoder"), ("method", "method"),
-               ("views (augmentation; unset: the method's recipe)", "num_local_crops"),
-               ("optimisation", "optimizer"), ("evaluation", "knn_k"),
-               ("system (devices, precision, distribution, run folder)", "augment_on"),
-               ("this invocation (not part of the run: may change on resume)", "coordinator_address"))
+def flag(default, help, *, kind=None, many=False, choices=None):  # noqa: A002 - the flag's help
+    """A config field that is a flag of the same name: its ``default``, its ``--help`` text, and
+    (:mod:`uniclr_tf.flagutil`) ``kind``, the flag's type where the default does not tell it (None,
+    an empty tuple; of each element when ``many``: a comma-separated list), ``choices``: an enum flag."""
+    metadata = {"help": help}
+    if kind is not None:
+        metadata.update(kind=kind, many=many)
+    if choices:
+        metadata["choices"] = tuple(choices)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
-def unset(kind, many=False):
+def unset(kind, help, many=False):  # noqa: A002
     """A field whose default None means "the method's (or recipe's) value"; ``kind`` is the type of
     its flag (of each element when ``many``)."""
-    return dataclasses.field(default=None, metadata={"kind": kind, "many": many})
+    return flag(None, help, kind=kind, many=many)
+
+
+class _Section:
+    """What every sub-config shares: ``TITLE`` (its ``--help`` group) and the check naming a flag."""
+
+    TITLE: ClassVar[str] = ""
+
+    def _check(self, ok, field, expected):
+        if not ok:
+            raise UsageError(f"--{field}: expected {expected}; received {getattr(self, field)!r}")
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Every setting of a pretraining run. Field names equal the ``train`` flag names."""
+class DataConfig(_Section):
+    """The dataset and how it is read."""
 
-    # data
-    dataset: str = "fashion_mnist"
-    data_dir: str = ""
-    image_size: int = 0  # 0: the dataset's own size
-    skip_bad_files: bool = False
-    max_examples: int = 0  # 0: all
-    eval_dataset: str = ""  # the test split from another spec ("": the dataset's own)
-    holdout_fraction: float = 0.1  # held out for test when there is no test split nor --eval_dataset
-    max_in_memory_mb: int = 256  # folder: decoded into memory up to this size, streamed above (0: always)
-    max_image_pixels: int = 0  # folder: a file of more pixels is a bad file (0: data.decode.MAX_PIXELS)
-    # network
-    encoder: str = "resnet18"
-    encoder_width: int = 0  # 0: the architecture's default
-    encoder_stem: str = "auto"  # resnet18: auto (CIFAR stem below 64 px, ImageNet stem above) | cifar | imagenet
-    projector_dims: tuple = (2048, 2048, 256)
-    predictor_hidden: int = 512
-    # method (uniclr_tf.methods) and the options given for it: ((name, value), ...)
-    method: str = "simtrace"
-    method_options: tuple = ()
-    # views (None: the method's recipe, uniclr_tf.augment.RECIPES)
-    num_local_crops: int = 0
-    local_size: int = 0  # 0: half the global size (96 for 224 px)
-    global_scale: tuple = unset(float, many=True)
-    local_scale: tuple = unset(float, many=True)
-    flip_prob: float = unset(float)
-    color_jitter: tuple = unset(float, many=True)
-    color_jitter_prob: float = unset(float)
-    grayscale_prob: float = unset(float)
-    blur_prob: tuple = unset(float, many=True)
-    solarize_prob: tuple = unset(float, many=True)
-    # optimisation
-    optimizer: str = "lars"
-    base_learning_rate: float = 0.03  # lr = batch_size / 256 * base_learning_rate
-    weight_decay: float = 1e-6
-    momentum: float = 0.9
-    warmup_epochs: float = 10.0
-    epochs: int = 100
-    stop_at_epoch: int = 0  # 0: train the whole schedule; N: the first N epochs of the --epochs schedule
-    batch_size: int = 512
-    steps_per_epoch: int = 0  # 0: one pass over the training split
-    # evaluation
-    knn_k: int = 200
-    knn_temperature: float = 0.1
-    knn_every: int = 1  # epochs between kNN monitor evaluations; 0: only at the end
-    knn_max_train: int = 0  # 0: the whole training split as the kNN memory bank
-    online_probe: bool = True
-    on_collapse: str = "stop"  # stop | warn (uniclr_tf.callbacks.CollapseDetector)
-    collapse_knn_margin: float = 0.10  # the kNN signal: this far below raw pixels (and below the run's best)
-    collapse_std_fraction: float = 0.02  # the std signal: embedding std below this fraction of 1/sqrt(D)
-    # system
-    augment_on: str = "host"
-    precision: str = "float32"
-    strategy: str = "default"
-    gather_across_replicas: bool = True
-    batch_norm: str = "global"  # per_device: statistics of each device's share of the batch
-    tpu: str = ""
-    jit_compile: bool = False
-    steps_per_execution: int = 1
-    seed: int = 0
-    run_dir: str = "runs"
-    run_name: str = ""  # empty: <method>-<dataset>
-    export: bool = False
-    # this invocation only (not part of the run: a resumed run may change them)
-    coordinator_address: str = ""  # JAX multi-controller: process 0's HOST:PORT
-    num_processes: int = 0  # 0: $KERAS_DISTRIBUTION_NUM_PROCESSES or 1
-    process_id: int = -1  # -1: $KERAS_DISTRIBUTION_PROCESS_ID
-    overwrite: bool = False
-    resume_from: str = ""  # a new run starts from this folder's backup/ (e.g. a collapsed run's RUN/healthy)
-    stop_after_steps: int = 0  # 0: no limit
-    backup_every_minutes: float = 10.0
-    verbose: int = 0  # 0: a progress bar on a terminal, one line per epoch otherwise
-    pictures: bool = True  # views.png, neighbours.png, embedding.png (+ TensorBoard) at the end
-    compilation_cache_dir: str = "~/.cache/uniclr_tf/xla"  # JAX: compiled steps kept across runs ("": off)
-    autotune_table: bool = True  # JAX on a GPU: seed the cache with the shipped autotuning results (autotune.py)
-    tensorboard_every_steps: int = 10  # per-step TensorBoard scalars every N steps (0: per epoch only)
-    profile_steps: tuple = dataclasses.field(default=(), metadata={"kind": int, "many": True})  # (first, last): trace these steps of this invocation into RUN/profile
+    TITLE: ClassVar[str] = "data"
 
-    # Fields that control one invocation, not the run: not in flags.txt, not compared on resume.
-    INVOCATION_FIELDS = ("run_dir", "export", "overwrite", "resume_from", "stop_after_steps", "backup_every_minutes", "verbose",
-                         "coordinator_address", "num_processes", "process_id", "pictures", "compilation_cache_dir",
-                         "autotune_table", "tensorboard_every_steps", "profile_steps")
-
-    VIEW_FIELDS = ("global_scale", "local_scale", "flip_prob", "color_jitter", "color_jitter_prob",
-                   "grayscale_prob", "blur_prob", "solarize_prob")
+    dataset: str = flag("fashion_mnist", f"{spec_forms()} (README, Datasets).")
+    data_dir: str = flag("", "TFDS data_dir (tfds: datasets only).")
+    image_size: int = flag(0, "Resize images to this square size; 0 keeps the dataset's size.")
+    skip_bad_files: bool = flag(False, "folder: and tfrecord: datasets: skip (and count) unreadable images instead "
+                                       "of stopping.")
+    max_examples: int = flag(0, "Use only the first N images of each split (0: all); for smoke tests.")
+    eval_dataset: str = flag("", "The test split of the kNN monitor and final kNN from another dataset spec (its own "
+                                 "test split if it has one, else all of it), e.g. --dataset=folder:TRAIN_DIR "
+                                 "--eval_dataset=folder:TEST_DIR; --dataset then trains on all its images. Empty: "
+                                 "--dataset's own test split.")
+    holdout_fraction: float = flag(0.1, "Fraction of the training data (per class for folders) held out as the test "
+                                        "split when --dataset has none and no --eval_dataset is given; in (0, 0.5].")
+    max_in_memory_mb: int = flag(256, "folder: datasets whose decoded images (N x H x W x 3 bytes) fit in this many "
+                                      "MB are decoded into memory at load (faster epochs; needed without TensorFlow); "
+                                      "larger ones stream from disk through tf.data. 0: always stream.")
+    max_image_pixels: int = flag(0, "folder: datasets: an image file of more pixels (height x width, read from its "
+                                    "header before decoding) is a bad file (a decompression bomb); 0: the default, "
+                                    "89,478,485.")
 
     def __post_init__(self):
-        def check(ok, field, expected):
-            if not ok:
-                raise UsageError(f"--{field}: expected {expected}; received {getattr(self, field)!r}")
-
-        from uniclr_tf import methods
-        if isinstance(self.method_options, dict):  # accept a dict; store a hashable, ordered tuple
-            object.__setattr__(self, "method_options", tuple(sorted(self.method_options.items())))
         from uniclr_tf.data.spec import SPEC_FORMS, is_spec
+        check = self._check
         check(is_spec(self.dataset), "dataset", " | ".join(SPEC_FORMS))
         check(not self.eval_dataset or is_spec(self.eval_dataset), "eval_dataset",
               "empty (the dataset's own test split) or " + " | ".join(SPEC_FORMS))
         check(0 < self.holdout_fraction <= 0.5, "holdout_fraction", "a fraction in (0, 0.5]")
         check(self.max_in_memory_mb >= 0, "max_in_memory_mb", "a number of MB >= 0 (0: always stream)")
         check(self.max_image_pixels >= 0, "max_image_pixels", "a number of pixels >= 0 (0: the default)")
-        check(self.method in methods.REGISTRY, "method", f"one of {methods.names()}")
-        check(self.encoder in ENCODERS, "encoder", f"one of {ENCODERS}")
-        check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
-        check(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}")
-        check(self.strategy in STRATEGIES, "strategy", f"one of {STRATEGIES}")
-        check(self.augment_on in AUGMENT_ON, "augment_on", f"one of {AUGMENT_ON}")
-        check(self.batch_norm in BATCH_NORMS, "batch_norm", f"one of {BATCH_NORMS}")
         check(self.image_size == 0 or self.image_size >= 16, "image_size",
               "0 (the dataset's size) or an integer >= 16 (the encoders downsample 8 times)")
+        check(self.max_examples >= 0, "max_examples", "an integer >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkConfig(_Section):
+    """The encoder and the heads (the method decides which heads it uses)."""
+
+    TITLE: ClassVar[str] = "network"
+
+    encoder: str = flag("resnet18", "Backbone architecture.", choices=ENCODERS)
+    encoder_width: int = flag(0, "Base width of resnet18/small/tiny (0: 64 for resnet18, 32 for small, 16 for tiny).")
+    encoder_stem: str = flag("auto", "resnet18's stem: auto (the CIFAR 3x3 stem below 64 px, the ImageNet 7x7 + "
+                                     "max-pool stem from 64 px), cifar or imagenet.")
+    projector_dims: tuple = flag((2048, 2048, 256), "Projector layer sizes, e.g. 2048,2048,256 (CIFAR) or "
+                                                    "2048,2048,2048 (ImageNet).")
+    predictor_hidden: int = flag(512, "Hidden size of the predictor (methods with one: byol, simsiam, moco_v3, or "
+                                      "--predictor).")
+
+    def __post_init__(self):
+        check = self._check
+        check(self.encoder in ENCODERS, "encoder", f"one of {ENCODERS}")
         check(self.encoder_width >= 0, "encoder_width", "an integer >= 0")
         check(self.encoder_stem in ("auto", "cifar", "imagenet"), "encoder_stem", "one of auto, cifar, imagenet")
         check(len(self.projector_dims) >= 1 and all(int(d) > 0 for d in self.projector_dims),
               "projector_dims", "a non-empty list of positive integers")
         check(self.predictor_hidden > 0, "predictor_hidden", "a positive integer")
+
+    @property
+    def embedding_dim(self):
+        """The projector's output size (the embedding the objective sees)."""
+        return int(self.projector_dims[-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewsConfig(_Section):
+    """The views (augmentation): the recipe fields left at None take the method's recipe
+    (:data:`uniclr_tf.augment.RECIPES`)."""
+
+    TITLE: ClassVar[str] = "views (augmentation; unset: the method's recipe)"
+    #: The fields of the method's view recipe that a flag may override.
+    RECIPE_FIELDS: ClassVar[tuple] = ("global_scale", "local_scale", "flip_prob", "color_jitter",
+                                      "color_jitter_prob", "grayscale_prob", "blur_prob", "solarize_prob")
+
+    num_local_crops: int = flag(0, "Number of multi-crop local views (0: two global views only).")
+    local_size: int = flag(0, "Local crop size; 0: half the global size.")
+    global_scale: tuple = unset(float, "RandomResizedCrop area range of global views (unset: the method's recipe).",
+                                many=True)
+    local_scale: tuple = unset(float, "RandomResizedCrop area range of local views (unset: the method's recipe).",
+                               many=True)
+    flip_prob: float = unset(float, "Horizontal flip probability (unset: the method's recipe).")
+    color_jitter: tuple = unset(float, "Colour jitter strengths brightness,contrast,saturation,hue (unset: the "
+                                       "method's recipe).", many=True)
+    color_jitter_prob: float = unset(float, "Colour jitter probability (unset: the method's recipe).")
+    grayscale_prob: float = unset(float, "Grayscale probability (unset: the method's recipe).")
+    blur_prob: tuple = unset(float, "Gaussian blur probability, one or one per global view, e.g. 1.0,0.1 (unset: the "
+                                    "method's recipe; blur is off on images of side <= 32 unless given).", many=True)
+    solarize_prob: tuple = unset(float, "Solarisation probability, one or one per global view, e.g. 0,0.2 (unset: the "
+                                        "method's recipe).", many=True)
+
+    def __post_init__(self):
+        check = self._check
         check(self.num_local_crops >= 0, "num_local_crops", "an integer >= 0")
         check(self.local_size >= 0, "local_size", "an integer >= 0")
         for field in ("global_scale", "local_scale"):
@@ -177,6 +183,33 @@ class TrainConfig:
         check(self.color_jitter is None or (len(self.color_jitter) == 4 and min(self.color_jitter) >= 0
                                             and self.color_jitter[3] <= 0.5),
               "color_jitter", "four strengths brightness,contrast,saturation,hue >= 0 (hue <= 0.5)")
+
+    def overrides(self):
+        """The recipe fields that were given (the others take the method's recipe)."""
+        return {f: getattr(self, f) for f in self.RECIPE_FIELDS if getattr(self, f) is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig(_Section):
+    """The optimizer, its schedule and the length of the run."""
+
+    TITLE: ClassVar[str] = "optimisation"
+
+    optimizer: str = flag("lars", "lars (paper), sgd or adamw.", choices=OPTIMIZERS)
+    base_learning_rate: float = flag(0.03, "Base learning rate; the peak is batch_size/256 * base.")
+    weight_decay: float = flag(1e-6, "Weight decay (LARS/SGD add it to the gradient; biases and BN excluded for "
+                                     "LARS).")
+    momentum: float = flag(0.9, "Optimizer momentum.")
+    warmup_epochs: float = flag(10.0, "Linear warm-up epochs before the cosine decay.")
+    epochs: int = flag(100, "Training epochs (the length of the learning-rate schedule).")
+    stop_at_epoch: int = flag(0, "Train only the first N epochs of the --epochs schedule, then finish the run as "
+                                 "usual (final kNN, metrics.json); 0: the whole schedule. For checks of a recipe's "
+                                 "early epochs.")
+    batch_size: int = flag(512, "Global batch size (images per step, each giving num_views views).")
+    steps_per_epoch: int = flag(0, "Steps per epoch; 0: one pass over the training split.")
+
+    def __post_init__(self):
+        check = self._check
         check(self.base_learning_rate > 0, "base_learning_rate", "a number > 0")
         check(self.weight_decay >= 0, "weight_decay", "a number >= 0")
         check(0 <= self.momentum < 1, "momentum", "a number in [0, 1)")
@@ -184,32 +217,247 @@ class TrainConfig:
         check(self.epochs >= 1, "epochs", "an integer >= 1")
         check(self.warmup_epochs <= self.epochs, "warmup_epochs", f"at most --epochs={self.epochs}")
         check(0 <= self.stop_at_epoch <= self.epochs, "stop_at_epoch", f"an integer in [0, --epochs={self.epochs}]")
+        check(self.batch_size >= 2, "batch_size", "an integer >= 2 (contrastive losses need negatives)")
+        check(self.steps_per_epoch >= 0, "steps_per_epoch", "an integer >= 0")
+
+    @property
+    def last_epoch(self):
+        """The last epoch a run trains to (the schedule stays that of ``epochs``)."""
+        return self.stop_at_epoch or self.epochs
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig(_Section):
+    """The kNN monitor, the online probe and the collapse detector."""
+
+    TITLE: ClassVar[str] = "evaluation"
+
+    knn_k: int = flag(200, "k of the weighted kNN evaluation.")
+    knn_temperature: float = flag(0.1, "Temperature of the weighted kNN evaluation.")
+    knn_every: int = flag(1, "Run the kNN monitor every N epochs (0: only the final evaluation).")
+    knn_max_train: int = flag(0, "Size of the kNN memory bank drawn from the training split (0: all).")
+    online_probe: bool = flag(True, "Train a linear probe on stop-gradient features when labels exist.")
+    on_collapse: str = flag("stop", "What a detected collapse does (the embedding std, or the kNN monitor against "
+                                    "the raw-pixel baseline, see docs): stop (exit 3, metrics.json status "
+                                    "'collapsed', the last healthy backup kept) or warn and go on.")
+    collapse_knn_margin: float = flag(0.10, "The collapse detector's kNN signal: a kNN-monitor reading this far "
+                                            "below the raw-pixel baseline, after the warm-up (and 5 epochs) or this "
+                                            "far below the run's best reading.")
+    collapse_std_fraction: float = flag(0.02, "The collapse detector's std signal: the embedding std (of the "
+                                              "l2-normalised projector outputs) below this fraction of the 1/sqrt(D) "
+                                              "of spread-out embeddings.")
+
+    def __post_init__(self):
+        check = self._check
         check(self.on_collapse in ON_COLLAPSE, "on_collapse", f"one of {ON_COLLAPSE}")
         check(0 < self.collapse_knn_margin < 1, "collapse_knn_margin", "a number in (0, 1)")
         check(0 < self.collapse_std_fraction < 1, "collapse_std_fraction", "a number in (0, 1)")
-        check(self.batch_size >= 2, "batch_size", "an integer >= 2 (contrastive losses need negatives)")
-        check(self.steps_per_epoch >= 0, "steps_per_epoch", "an integer >= 0")
         check(self.knn_k >= 1, "knn_k", "an integer >= 1")
         check(self.knn_temperature > 0, "knn_temperature", "a number > 0")
         check(self.knn_every >= 0, "knn_every", "an integer >= 0")
         check(self.knn_max_train >= 0, "knn_max_train", "an integer >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class SystemConfig(_Section):
+    """Devices, precision, distribution, the seed and the run folder's name."""
+
+    TITLE: ClassVar[str] = "system (devices, precision, distribution, run folder)"
+
+    augment_on: str = flag("host", "host: augment in tf.data on the CPU; device: inside the compiled train step.",
+                           choices=AUGMENT_ON)
+    precision: str = flag("float32", "Compute precision (linear algebra of the objectives always runs in float32).",
+                          choices=PRECISIONS)
+    strategy: str = flag("default", "default | mirrored (tf.distribute, TF) | multi_worker "
+                                    "(MultiWorkerMirroredStrategy from $TF_CONFIG, TF) | tpu (TPUStrategy, TF) | "
+                                    "data_parallel (JAX; several processes with --num_processes).",
+                         choices=STRATEGIES)
+    gather_across_replicas: bool = flag(True, "Gather embeddings across replicas (global negatives/covariance); "
+                                              "--nogather_across_replicas keeps them per replica (authors' code).")
+    batch_norm: str = flag("global", "Batch-norm statistics over several devices: global (the whole batch: "
+                                     "synchronized BN on TF, one all-reduce per BN layer and pass on JAX) or "
+                                     "per_device (each device's share, as PyTorch DDP without SyncBN; no BN traffic "
+                                     "between devices). One device: the same.", choices=BATCH_NORMS)
+    tpu: str = flag("", "TPU name or grpc:// address for --strategy=tpu.")
+    jit_compile: bool = flag(False, "Compile the train step with XLA on TF (JAX always jits).")
+    steps_per_execution: int = flag(1, "Train steps per call of the train function (must divide the steps of an "
+                                       "epoch; TF: one in-graph loop; JAX: Keras loops over the compiled step in "
+                                       "Python). Callbacks, the progress bar and signal checks then see every K-th "
+                                       "step.")
+    seed: int = flag(0, "Random seed.")
+    run_name: str = flag("", "Run folder name inside --run_dir (empty: <method>-<dataset>, so rerunning the same "
+                             "command resumes it); a plain name: no '/', '..', absolute path or symbolic link.")
+
+    def __post_init__(self):
+        check = self._check
+        check(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}")
+        check(self.strategy in STRATEGIES, "strategy", f"one of {STRATEGIES}")
+        check(self.augment_on in AUGMENT_ON, "augment_on", f"one of {AUGMENT_ON}")
+        check(self.batch_norm in BATCH_NORMS, "batch_norm", f"one of {BATCH_NORMS}")
         check(self.steps_per_execution >= 1, "steps_per_execution", "an integer >= 1")
+        check(self.strategy != "tpu" or bool(self.tpu), "tpu", "a TPU name or address with --strategy=tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class InvocationConfig(_Section):
+    """What controls this invocation, not the run: not in ``flags.txt``, not compared on resume (a
+    resumed run may change them)."""
+
+    TITLE: ClassVar[str] = "this invocation (not part of the run: may change on resume)"
+
+    run_dir: str = flag("runs", "Parent folder of run folders.")
+    export: bool = flag(False, "Export a SavedModel of the encoder into <run>/export at the end (TF backend).")
+    coordinator_address: str = flag("", "JAX multi-controller job: process 0's HOST:PORT (else "
+                                        "$KERAS_DISTRIBUTION_JOB_ADDRESSES).")
+    num_processes: int = flag(0, "JAX multi-controller job: number of processes (0: "
+                                 "$KERAS_DISTRIBUTION_NUM_PROCESSES or 1).")
+    process_id: int = flag(-1, "JAX multi-controller job: this process's index (-1: "
+                               "$KERAS_DISTRIBUTION_PROCESS_ID).")
+    overwrite: bool = flag(False, "Start the run again in a run folder that holds one (its files are removed first); "
+                                  "a folder that holds no run of this tool is never removed.")
+    resume_from: str = flag("", "A new run starts from the backup in this folder (its backup/ subfolder: weights, "
+                                "optimizer state, step), e.g. RUN/healthy, the last healthy state a collapsed run "
+                                "kept; the flags may differ from that run's (the network must be the same). Ignored "
+                                "when the run folder already holds a run.")
+    stop_after_steps: int = flag(0, "Stop after this many steps of this invocation with a backup, as a preempted job "
+                                    "would (exit code 75); rerunning the same command continues. 0: no limit.")
+    backup_every_minutes: float = flag(10.0, "Back up (in the background) at least this often, besides every epoch "
+                                             "end.")
+    verbose: int = flag(0, "0: a progress bar on a terminal, one line per epoch otherwise; 1: progress bar; 2: one "
+                           "line per epoch.")
+    pictures: bool = flag(True, "At the end, write views.png (augmented views), neighbours.png (nearest training "
+                                "images of test images in feature space) and embedding.png (t-SNE map), and the same "
+                                "to TensorBoard.")
+    compilation_cache_dir: str = flag("~/.cache/uniclr_tf/xla", "JAX: keep compiled train and evaluation steps in "
+                                      "this folder, so a resumed or repeated run skips the XLA compile (tens of "
+                                      "seconds on a GPU); empty: off.")
+    autotune_table: bool = flag(True, "JAX on a GPU: before the first compile, put the XLA autotuning results shipped "
+                                      "for this card and jaxlib (uniclr_tf/autotune_tables) in the compilation cache, "
+                                      "so a first run does not time every convolution again (about 17 s of a "
+                                      "ResNet-18 step's 25 s compile on an H100/H200).")
+    tensorboard_every_steps: int = flag(10, "Write per-step TensorBoard scalars (step_<name>: the epoch's running "
+                                            "means) every N optimizer steps; 0: per-epoch scalars only.")
+    profile_steps: tuple = flag((), "FIRST,LAST: trace the device and host work of optimizer steps FIRST..LAST of "
+                                    "this invocation (counted from 1) with the backend's profiler into <run>/profile "
+                                    "(JAX: a Perfetto trace and TensorBoard's profile; TF: TensorBoard's profile). "
+                                    "Empty: off.", kind=int, many=True)
+
+    def __post_init__(self):
+        check = self._check
         check(self.profile_steps == () or (len(self.profile_steps) == 2 and 1 <= int(self.profile_steps[0])
                                            <= int(self.profile_steps[1])), "profile_steps",
               "empty, or two step numbers FIRST,LAST with 1 <= FIRST <= LAST")
         check(self.tensorboard_every_steps >= 0, "tensorboard_every_steps", "an integer >= 0")
-        check(self.strategy != "tpu" or bool(self.tpu), "tpu", "a TPU name or address with --strategy=tpu")
-        check(self.max_examples >= 0, "max_examples", "an integer >= 0")
         check(self.stop_after_steps >= 0, "stop_after_steps", "an integer >= 0 (0: no limit)")
         check(self.num_processes >= 0, "num_processes", "an integer >= 0 (0: from the environment, else 1)")
-        check(self.num_processes <= 1 or self.strategy == "data_parallel", "num_processes",
-              "1 unless --strategy=data_parallel (JAX multi-controller)")
-        check(self.num_processes <= 1 or self.batch_size % self.num_processes == 0, "num_processes",
-              f"a divisor of --batch_size={self.batch_size} (each process feeds its share of every batch)")
         check(self.backup_every_minutes > 0, "backup_every_minutes", "a number of minutes > 0")
         check(self.verbose in (0, 1, 2), "verbose", "0 (auto), 1 (progress bar) or 2 (one line per epoch)")
+
+
+def section(cls):
+    """A field of :class:`TrainConfig` holding a sub-config (default: the sub-config's defaults)."""
+    return dataclasses.field(default_factory=cls)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a pretraining run, by sub-config; ``method`` and ``method_options`` are its own.
+
+    Build one from flat flag names with :meth:`from_flat` (or :meth:`make`, which also takes method
+    options); change flat names with :meth:`replace`."""
+
+    data: DataConfig = section(DataConfig)
+    network: NetworkConfig = section(NetworkConfig)
+    method: str = flag("simtrace", "Self-supervised method (uniclr_tf.methods); its options are the flags below. "
+                                   "Alias: --objective.")
+    # the options given for the method, ((name, value), ...): flags of their own (methods.option_specs)
+    method_options: tuple = dataclasses.field(default=(), metadata={"help": "", "flag": False})
+    views: ViewsConfig = section(ViewsConfig)
+    optim: OptimConfig = section(OptimConfig)
+    evaluation: EvalConfig = section(EvalConfig)
+    system: SystemConfig = section(SystemConfig)
+    invocation: InvocationConfig = section(InvocationConfig)
+
+    def __post_init__(self):
+        from uniclr_tf import methods
+        if isinstance(self.method_options, dict):  # accept a dict; store a hashable, ordered tuple
+            object.__setattr__(self, "method_options", tuple(sorted(self.method_options.items())))
+        for name, cls in self.sections().items():
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"TrainConfig.{name}: expected a {cls.__name__}; received {getattr(self, name)!r}")
+        if self.method not in methods.REGISTRY:
+            raise UsageError(f"--method: expected one of {methods.names()}; received {self.method!r}")
+        batch_size, num_processes = self.optim.batch_size, self.invocation.num_processes
+        check = self.invocation._check  # the checks that span two sub-configs name an invocation flag
+        check(num_processes <= 1 or self.system.strategy == "data_parallel", "num_processes",
+              "1 unless --strategy=data_parallel (JAX multi-controller)")
+        check(num_processes <= 1 or batch_size % num_processes == 0, "num_processes",
+              f"a divisor of --batch_size={batch_size} (each process feeds its share of every batch)")
         # The method validates its options (naming the flag) and the batch / embedding sizes.
-        self.build_method().check_setup(self.batch_size, int(self.projector_dims[-1]))
+        self.build_method().check_setup(batch_size, self.network.embedding_dim)
+
+    # --- the sub-configs and the flat (flag) names --------------------------------------------------
+    @classmethod
+    def sections(cls):
+        """``{attribute: sub-config class}`` in declaration order (the order of ``--help``)."""
+        return {f.name: f.type for f in dataclasses.fields(cls) if isinstance(f.type, type)
+                and issubclass(f.type, _Section)}
+
+    @classmethod
+    def flat_names(cls):
+        """``{flag name: its sub-config's attribute}`` (None: a field of ``TrainConfig`` itself), in the
+        order of ``config.json``."""
+        names = {}
+        for f in dataclasses.fields(cls):
+            if f.name in cls.sections():
+                names.update((g.name, f.name) for g in dataclasses.fields(f.type))
+            else:
+                names[f.name] = None
+        return names
+
+    @classmethod
+    def field_help(cls, name):
+        """The ``--help`` text of the flag of a flat field (declared next to the field)."""
+        where = cls.flat_names()[name]
+        return next(f for f in dataclasses.fields(cls.sections()[where] if where else cls)
+                    if f.name == name).metadata["help"]
+
+    @classmethod
+    def from_flat(cls, values):
+        """A config from flat flag names (``config.json``'s form; any subset, the rest default). A
+        name that is no field is a ``TypeError``, as a dataclass's constructor raises."""
+        where = cls.flat_names()
+        unknown = sorted(set(values) - set(where))
+        if unknown:
+            raise TypeError(f"TrainConfig.from_flat: unknown field(s) {', '.join(unknown)}")
+        parts = {name: {} for name in cls.sections()}
+        top = {}
+        for key, value in values.items():
+            (parts[where[key]] if where[key] else top)[key] = value
+        return cls(**top, **{name: cls.sections()[name](**fields) for name, fields in parts.items()})
+
+    def to_flat(self):
+        """``{flag name: value}`` for every field (``method_options`` as a dict): ``config.json``'s form."""
+        flat = {}
+        for name, where in self.flat_names().items():
+            flat[name] = getattr(getattr(self, where), name) if where else getattr(self, name)
+        flat["method_options"] = dict(self.method_options)
+        return flat
+
+    def replace(self, **values):
+        """The same config with the fields named by their flat (flag) names changed."""
+        where = self.flat_names()
+        changes, parts = {}, {}
+        for key, value in values.items():
+            if key not in where:
+                raise TypeError(f"TrainConfig.replace: unknown field {key!r}")
+            if where[key] is None:
+                changes[key] = value
+            else:
+                parts.setdefault(where[key], {})[key] = value
+        for name, fields in parts.items():
+            changes[name] = dataclasses.replace(getattr(self, name), **fields)
+        return dataclasses.replace(self, **changes)
 
     # --- the method ----------------------------------------------------------------------------
     @property
@@ -230,38 +478,35 @@ class TrainConfig:
         """The same config with every option of the method written out (its defaults filled in)."""
         return dataclasses.replace(self, method_options=tuple(sorted(self.build_method().options.items())))
 
-    def view_overrides(self):
-        """The view fields that were given (the others take the method's recipe)."""
-        return {f: getattr(self, f) for f in self.VIEW_FIELDS if getattr(self, f) is not None}
-
     @classmethod
     def make(cls, **kwargs):
-        """Builds a config from fields and method options mixed (``objective`` and ``gamma`` are the
-        older names of ``method`` and ``symmetric_loss_weight``), as code and tests like to write it."""
-        fields = {f.name for f in dataclasses.fields(cls)}
+        """Builds a config from flat fields and method options mixed (``objective`` and ``gamma`` are
+        the older names of ``method`` and ``symmetric_loss_weight``), as code and tests like to write it."""
+        fields = cls.flat_names()
         if "objective" in kwargs:
             kwargs["method"] = kwargs.pop("objective")
         options = dict(kwargs.pop("method_options", ()) or ())
         for key in [k for k in kwargs if k not in fields]:
             options["symmetric_loss_weight" if key == "gamma" else key] = kwargs.pop(key)
-        return cls(method_options={k: v for k, v in options.items() if v is not None}, **kwargs)
+        return cls.from_flat({**kwargs, "method_options": {k: v for k, v in options.items() if v is not None}})
 
     # --- serialisation ---------------------------------------------------------------------------
     def flag_items(self, invocation=False):
         """``(flag, value)`` for every field that has a value (the invocation fields only when asked),
         then every method option."""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "method_options" or value is None:
+        where = self.flat_names()
+        for name, value in self.to_flat().items():
+            if name == "method_options" or value is None:
                 continue
-            if invocation or f.name not in self.INVOCATION_FIELDS:
-                yield f.name, value
+            if invocation or where[name] != "invocation":
+                yield name, value
         yield from self.method_options
 
     def differences(self, other):
         """``[(flag, value here, value there)]`` for the run's settings (invocation fields aside)."""
         mine, theirs = dict(self.flag_items()), dict(other.flag_items())
-        return [(k, mine.get(k), theirs.get(k)) for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+        return [(k, mine.get(k), theirs.get(k)) for k in sorted(set(mine) | set(theirs))
+                if mine.get(k) != theirs.get(k)]
 
     def to_flagfile(self):
         """The run's flags, one ``--name=value`` a line: replaying them repeats (or resumes) the run
@@ -276,20 +521,16 @@ class TrainConfig:
                 lines.append(f"--{name}={value}")
         return "\n".join(lines) + "\n"
 
-    def to_dict(self):
-        raw = dataclasses.asdict(self)
-        raw["method_options"] = dict(self.method_options)
-        return raw
-
     def to_json(self):
-        return json.dumps(self.to_dict(), indent=2)
+        """``config.json``: the flat form (:meth:`to_flat`)."""
+        return json.dumps(self.to_flat(), indent=2)
 
     @classmethod
     def from_json(cls, text):
         """Reads ``to_json``'s output, and the config.json of earlier versions (``objective`` and the
-        UniCLR options as top-level fields)."""
+        UniCLR options as top-level fields); entries that are no field (e.g. ``views``) are ignored."""
         raw = json.loads(text)
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = cls.flat_names()
         options = dict(raw.get("method_options") or {})
         method = raw.get("method") or raw.get("objective") or "simtrace"
         if "objective" in raw and "method" not in raw:  # an earlier version's run
@@ -302,4 +543,4 @@ class TrainConfig:
                     options[name] = value
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()
                   if k in known and k not in ("method", "method_options")}
-        return cls(method=method, method_options=options, **values)
+        return cls.from_flat({**values, "method": method, "method_options": options})

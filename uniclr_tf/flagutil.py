@@ -1,9 +1,13 @@
 """Flags from a frozen config dataclass: one flag per field, same name, same default.
 
 Only entry points call these (``train``, ``linear_eval``): library code never reads flags. The
-dataclass validates itself, so a bad value stops with a message naming the flag. A field whose
-default is None (``config.unset``) declares its flag's type in its metadata; its flag defaults to
-None, meaning "not given".
+dataclass validates itself, so a bad value stops with a message naming the flag. A field's help
+text is its metadata's ``"help"`` (``config.flag``), else the entry of a ``help_texts`` dict; an
+enum flag's values are its metadata's ``"choices"`` (or ``enums``). A field whose default is None
+(``config.unset``) or an empty tuple declares its flag's type in its metadata (``"kind"``,
+``"many"``); a None default means "not given". A field whose type is itself a dataclass (a
+sub-config, e.g. ``TrainConfig.data``) is no flag: its fields are, under their own names
+(:func:`leaf_fields`), and the config is built by its ``from_flat`` from the flat flag values.
 """
 
 import dataclasses
@@ -34,16 +38,45 @@ def _kind(field):
     return type(field.default), False
 
 
-def define_flags(config_cls, help_texts, enums=None, flag_values=None, skip=()):
-    """Defines one absl flag per field of ``config_cls`` (enum for names in ``enums``)."""
-    flag_values = flags.FLAGS if flag_values is None else flag_values
-    enums = enums or {}
+def is_section(field):
+    """Whether a dataclass field holds a sub-config (a dataclass) rather than a flag's value."""
+    return isinstance(field.type, type) and dataclasses.is_dataclass(field.type)
+
+
+def leaf_fields(config_cls):
+    """The fields of ``config_cls`` that are flags, in declaration order, those of each sub-config in
+    its place; a field whose metadata says ``"flag": False`` is none."""
     for field in dataclasses.fields(config_cls):
+        if is_section(field):
+            yield from leaf_fields(field.type)
+        elif field.metadata.get("flag", True):
+            yield field
+
+
+def section_groups(config_cls):
+    """``--help``'s groups of a config of sub-configs: ``[(title, [flag names])]``, one per sub-config
+    (its ``TITLE``) and one per flag of ``config_cls`` itself (titled by its name), in declaration order."""
+    groups = []
+    for field in dataclasses.fields(config_cls):
+        if is_section(field):
+            groups.append((getattr(field.type, "TITLE", "") or field.name, [f.name for f in leaf_fields(field.type)]))
+        elif field.metadata.get("flag", True):
+            groups.append((field.name, [field.name]))
+    return groups
+
+
+def define_flags(config_cls, help_texts=None, enums=None, flag_values=None, skip=()):
+    """Defines one absl flag per field of ``config_cls`` (:func:`leaf_fields`), its help from the
+    field's metadata (else ``help_texts``), an enum for choices in the metadata (or in ``enums``)."""
+    flag_values = flags.FLAGS if flag_values is None else flag_values
+    enums, help_texts = enums or {}, help_texts or {}
+    for field in leaf_fields(config_cls):
         if field.name in skip:
             continue
         kind, many = _kind(field)
-        define_flag(field.name, field.default, kind, help_texts[field.name], flag_values, many=many,
-                    choices=enums.get(field.name))
+        help_ = field.metadata["help"] if "help" in field.metadata else help_texts[field.name]
+        define_flag(field.name, field.default, kind, help_, flag_values, many=many,
+                    choices=field.metadata.get("choices") or enums.get(field.name))
 
 
 def parse_list(name, value, kind):
@@ -58,7 +91,7 @@ def config_values(config_cls, flag_values=None, skip=()):
     """The parsed flags of ``config_cls``'s fields as a dict; list flags become tuples."""
     flag_values = flags.FLAGS if flag_values is None else flag_values
     values = {}
-    for field in dataclasses.fields(config_cls):
+    for field in leaf_fields(config_cls):
         if field.name in skip:
             continue
         value = flag_values[field.name].value
@@ -70,8 +103,9 @@ def config_values(config_cls, flag_values=None, skip=()):
 
 
 def config_from_flags(config_cls, flag_values=None):
-    """Builds ``config_cls`` from the parsed flags."""
-    return config_cls(**config_values(config_cls, flag_values))
+    """Builds ``config_cls`` from the parsed flags (by its ``from_flat`` when it has sub-configs)."""
+    values = config_values(config_cls, flag_values)
+    return config_cls.from_flat(values) if hasattr(config_cls, "from_flat") else config_cls(**values)
 
 
 def group_fields(config_cls, markers):

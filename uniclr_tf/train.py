@@ -30,122 +30,20 @@ import time
 from absl import flags
 
 from uniclr_tf import flagutil
-from uniclr_tf.config import AUGMENT_ON, BATCH_NORMS, ENCODERS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
-from uniclr_tf.data.spec import spec_forms
+from uniclr_tf.config import TrainConfig
 from uniclr_tf.errors import UsageError
 
-HELP = {
-    "dataset": f"{spec_forms()} (README, Datasets).",
-    "data_dir": "TFDS data_dir (tfds: datasets only).",
-    "image_size": "Resize images to this square size; 0 keeps the dataset's size.",
-    "skip_bad_files": "folder: and tfrecord: datasets: skip (and count) unreadable images instead of stopping.",
-    "max_examples": "Use only the first N images of each split (0: all); for smoke tests.",
-    "eval_dataset": "The test split of the kNN monitor and final kNN from another dataset spec (its own test split "
-                    "if it has one, else all of it), e.g. --dataset=folder:TRAIN_DIR --eval_dataset=folder:TEST_DIR; "
-                    "--dataset then trains on all its images. Empty: --dataset's own test split.",
-    "holdout_fraction": "Fraction of the training data (per class for folders) held out as the test split when "
-                        "--dataset has none and no --eval_dataset is given; in (0, 0.5].",
-    "max_image_pixels": "folder: datasets: an image file of more pixels (height x width, read from its header "
-                        "before decoding) is a bad file (a decompression bomb); 0: the default, 89,478,485.",
-    "max_in_memory_mb": "folder: datasets whose decoded images (N x H x W x 3 bytes) fit in this many MB are decoded "
-                        "into memory at load (faster epochs; needed without TensorFlow); larger ones stream from disk "
-                        "through tf.data. 0: always stream.",
-    "encoder": "Backbone architecture.",
-    "encoder_stem": "resnet18's stem: auto (the CIFAR 3x3 stem below 64 px, the ImageNet 7x7 + max-pool stem "
-                    "from 64 px), cifar or imagenet.",
-    "encoder_width": "Base width of resnet18/small/tiny (0: 64 for resnet18, 32 for small, 16 for tiny).",
-    "projector_dims": "Projector layer sizes, e.g. 2048,2048,256 (CIFAR) or 2048,2048,2048 (ImageNet).",
-    "predictor_hidden": "Hidden size of the predictor (methods with one: byol, simsiam, moco_v3, or --predictor).",
-    "method": "Self-supervised method (uniclr_tf.methods); its options are the flags below. Alias: --objective.",
-    "method_options": "",
-    "num_local_crops": "Number of multi-crop local views (0: two global views only).",
-    "local_size": "Local crop size; 0: half the global size.",
-    "global_scale": "RandomResizedCrop area range of global views (unset: the method's recipe).",
-    "local_scale": "RandomResizedCrop area range of local views (unset: the method's recipe).",
-    "flip_prob": "Horizontal flip probability (unset: the method's recipe).",
-    "color_jitter": "Colour jitter strengths brightness,contrast,saturation,hue (unset: the method's recipe).",
-    "color_jitter_prob": "Colour jitter probability (unset: the method's recipe).",
-    "grayscale_prob": "Grayscale probability (unset: the method's recipe).",
-    "blur_prob": "Gaussian blur probability, one or one per global view, e.g. 1.0,0.1 (unset: the method's "
-                 "recipe; blur is off on images of side <= 32 unless given).",
-    "solarize_prob": "Solarisation probability, one or one per global view, e.g. 0,0.2 (unset: the method's recipe).",
-    "optimizer": "lars (paper), sgd or adamw.",
-    "base_learning_rate": "Base learning rate; the peak is batch_size/256 * base.",
-    "weight_decay": "Weight decay (LARS/SGD add it to the gradient; biases and BN excluded for LARS).",
-    "momentum": "Optimizer momentum.",
-    "warmup_epochs": "Linear warm-up epochs before the cosine decay.",
-    "epochs": "Training epochs (the length of the learning-rate schedule).",
-    "stop_at_epoch": "Train only the first N epochs of the --epochs schedule, then finish the run as usual (final "
-                     "kNN, metrics.json); 0: the whole schedule. For checks of a recipe's early epochs.",
-    "resume_from": "A new run starts from the backup in this folder (its backup/ subfolder: weights, optimizer state, "
-                   "step), e.g. RUN/healthy, the last healthy state a collapsed run kept; the flags may differ from "
-                   "that run's (the network must be the same). Ignored when the run folder already holds a run.",
-    "collapse_knn_margin": "The collapse detector's kNN signal: a kNN-monitor reading this far below the raw-pixel "
-                           "baseline, after the warm-up (and 5 epochs) or this far below the run's best reading.",
-    "collapse_std_fraction": "The collapse detector's std signal: the embedding std (of the l2-normalised projector "
-                             "outputs) below this fraction of the 1/sqrt(D) of spread-out embeddings.",
-    "on_collapse": "What a detected collapse does (the embedding std, or the kNN monitor against the raw-pixel "
-                   "baseline, see docs): stop (exit 3, metrics.json status 'collapsed', the last healthy backup "
-                   "kept) or warn and go on.",
-    "batch_size": "Global batch size (images per step, each giving num_views views).",
-    "steps_per_epoch": "Steps per epoch; 0: one pass over the training split.",
-    "knn_k": "k of the weighted kNN evaluation.",
-    "knn_temperature": "Temperature of the weighted kNN evaluation.",
-    "knn_every": "Run the kNN monitor every N epochs (0: only the final evaluation).",
-    "knn_max_train": "Size of the kNN memory bank drawn from the training split (0: all).",
-    "online_probe": "Train a linear probe on stop-gradient features when labels exist.",
-    "augment_on": "host: augment in tf.data on the CPU; device: inside the compiled train step.",
-    "precision": "Compute precision (linear algebra of the objectives always runs in float32).",
-    "strategy": "default | mirrored (tf.distribute, TF) | multi_worker (MultiWorkerMirroredStrategy from $TF_CONFIG, "
-                "TF) | tpu (TPUStrategy, TF) | data_parallel (JAX; several processes with --num_processes).",
-    "gather_across_replicas": "Gather embeddings across replicas (global negatives/covariance); "
-                              "--nogather_across_replicas keeps them per replica (authors' code).",
-    "batch_norm": "Batch-norm statistics over several devices: global (the whole batch: synchronized BN on "
-                  "TF, one all-reduce per BN layer and pass on JAX) or per_device (each device's share, as "
-                  "PyTorch DDP without SyncBN; no BN traffic between devices). One device: the same.",
-    "tpu": "TPU name or grpc:// address for --strategy=tpu.",
-    "jit_compile": "Compile the train step with XLA on TF (JAX always jits).",
-    "steps_per_execution": "Train steps per call of the train function (must divide the steps of an epoch; "
-                           "TF: one in-graph loop; JAX: Keras loops over the compiled step in Python). "
-                           "Callbacks, the progress bar and signal checks then see every K-th step.",
-    "seed": "Random seed.",
-    "run_dir": "Parent folder of run folders.",
-    "run_name": "Run folder name inside --run_dir (empty: <method>-<dataset>, so rerunning the same command "
-                "resumes it); a plain name: no '/', '..', absolute path or symbolic link.",
-    "export": "Export a SavedModel of the encoder into <run>/export at the end (TF backend).",
-    "coordinator_address": "JAX multi-controller job: process 0's HOST:PORT (else $KERAS_DISTRIBUTION_JOB_ADDRESSES).",
-    "num_processes": "JAX multi-controller job: number of processes (0: $KERAS_DISTRIBUTION_NUM_PROCESSES or 1).",
-    "process_id": "JAX multi-controller job: this process's index (-1: $KERAS_DISTRIBUTION_PROCESS_ID).",
-    "overwrite": "Start the run again in a run folder that holds one (its files are removed first); a folder that "
-                 "holds no run of this tool is never removed.",
-    "pictures": "At the end, write views.png (augmented views), neighbours.png (nearest training images of test "
-                "images in feature space) and embedding.png (t-SNE map), and the same to TensorBoard.",
-    "stop_after_steps": "Stop after this many steps of this invocation with a backup, as a preempted job would "
-                        "(exit code 75); rerunning the same command continues. 0: no limit.",
-    "backup_every_minutes": "Back up (in the background) at least this often, besides every epoch end.",
-    "compilation_cache_dir": "JAX: keep compiled train and evaluation steps in this folder, so a resumed or "
-                             "repeated run skips the XLA compile (tens of seconds on a GPU); empty: off.",
-    "autotune_table": "JAX on a GPU: before the first compile, put the XLA autotuning results shipped for this card "
-                      "and jaxlib (uniclr_tf/autotune_tables) in the compilation cache, so a first run does not "
-                      "time every convolution again (about 17 s of a ResNet-18 step's 25 s compile on an H100/H200).",
-    "tensorboard_every_steps": "Write per-step TensorBoard scalars (step_<name>: the epoch's running means) every "
-                               "N optimizer steps; 0: per-epoch scalars only.",
-    "profile_steps": "FIRST,LAST: trace the device and host work of optimizer steps FIRST..LAST of this invocation "
-                     "(counted from 1) with the backend's profiler into <run>/profile (JAX: a Perfetto trace and "
-                     "TensorBoard's profile; TF: TensorBoard's profile). Empty: off.",
-    "verbose": "0: a progress bar on a terminal, one line per epoch otherwise; 1: progress bar; 2: one line per epoch.",
-}
-ENUMS = {"encoder": ENCODERS, "optimizer": OPTIMIZERS, "precision": PRECISIONS,
-         "strategy": STRATEGIES, "augment_on": AUGMENT_ON, "batch_norm": BATCH_NORMS}
 ALIASES = {"objective": "method", "gamma": "symmetric_loss_weight"}
 
 
 def define_flags(flag_values=flags.FLAGS):
-    """One flag per ``TrainConfig`` field (same name, same default), one per option of any registered
-    method (default None: the method's own), and the aliases ``--objective``, ``--gamma``."""
+    """One flag per field of ``TrainConfig``'s sub-configs and ``--method`` (same name, same default,
+    the help next to the field), one per option of any registered method (default None: the method's
+    own), and the aliases ``--objective``, ``--gamma``."""
     from uniclr_tf import methods
-    flagutil.define_flags(TrainConfig, HELP, ENUMS, flag_values, skip=("method", "method_options"))
-    flags.DEFINE_enum("method", TrainConfig.method, methods.names(), HELP["method"], flag_values=flag_values)
+    flagutil.define_flags(TrainConfig, flag_values=flag_values, skip=("method",))
+    method = next(f for f in dataclasses.fields(TrainConfig) if f.name == "method")
+    flags.DEFINE_enum("method", method.default, methods.names(), method.metadata["help"], flag_values=flag_values)
     for name, spec in methods.option_specs().items():
         users = [m for m in methods.names() if name in methods.get(m).defaults]
         help_ = f"{spec.help} [{', '.join(users)}]"
@@ -157,21 +55,21 @@ def define_flags(flag_values=flags.FLAGS):
 def config_from_flags(flag_values=flags.FLAGS):
     """A ``TrainConfig`` from parsed flags: fields, plus the method options that were given."""
     from uniclr_tf import methods
-    values = flagutil.config_values(TrainConfig, flag_values, skip=("method", "method_options"))
+    values = flagutil.config_values(TrainConfig, flag_values)
     options = {name: flag_values[name].value for name in methods.option_specs()
                if flag_values[name].value is not None}
-    return TrainConfig(method=flag_values["method"].value, method_options=options, **values)
+    return TrainConfig.from_flat({**values, "method_options": options})
 
 
 def build_augmenter(cfg, info, method=None):
     """The method's view recipe with the view flags that were given, sized for the dataset."""
     from uniclr_tf.augment import RECIPES, ViewAugmenter
     method = method if method is not None else cfg.build_method()
-    recipe = RECIPES[method.views].replace(**cfg.view_overrides())
-    size = cfg.image_size or info.image_shape[0]
-    return ViewAugmenter.from_recipe(recipe, (size, size, info.image_shape[-1]), num_local=cfg.num_local_crops,
-                                     local_size=cfg.local_size or None, mean=info.mean, std=info.std,
-                                     seed=cfg.seed)
+    recipe = RECIPES[method.views].replace(**cfg.views.overrides())
+    size = cfg.data.image_size or info.image_shape[0]
+    return ViewAugmenter.from_recipe(recipe, (size, size, info.image_shape[-1]), num_local=cfg.views.num_local_crops,
+                                     local_size=cfg.views.local_size or None, mean=info.mean, std=info.std,
+                                     seed=cfg.system.seed)
 
 
 def build_model(cfg, info, augmenter=None, devices=1, method=None):
@@ -186,21 +84,22 @@ def build_model(cfg, info, augmenter=None, devices=1, method=None):
     from uniclr_tf import encoders, heads
     from uniclr_tf.model import UniCLR
     method = method if method is not None else cfg.build_method()
-    size = cfg.image_size or info.image_shape[0]
-    synchronized_bn = devices > 1 and cfg.batch_norm == "global"
-    groups = devices if cfg.batch_norm == "per_device" and keras.backend.backend() == "jax" else 1
+    size = cfg.data.image_size or info.image_shape[0]
+    synchronized_bn = devices > 1 and cfg.system.batch_norm == "global"
+    groups = devices if cfg.system.batch_norm == "per_device" and keras.backend.backend() == "jax" else 1
     with encoders.batch_norm_groups(groups):
-        encoder = encoders.build_encoder(cfg.encoder, (size, size, info.image_shape[-1]),
-                                         width=cfg.encoder_width or None, synchronized_bn=synchronized_bn,
-                                         stem=cfg.encoder_stem)
+        encoder = encoders.build_encoder(cfg.network.encoder, (size, size, info.image_shape[-1]),
+                                         width=cfg.network.encoder_width or None, synchronized_bn=synchronized_bn,
+                                         stem=cfg.network.encoder_stem)
         feat = encoder.output_shape[-1]
-        proj = method.build_projector(feat, cfg.projector_dims, synchronized_bn=synchronized_bn)
-        pred = (heads.predictor(cfg.projector_dims[-1], cfg.predictor_hidden, synchronized_bn)
+        proj = method.build_projector(feat, cfg.network.projector_dims, synchronized_bn=synchronized_bn)
+        pred = (heads.predictor(cfg.network.projector_dims[-1], cfg.network.predictor_hidden, synchronized_bn)
                 if method.uses_predictor else None)
+    steps_per_epoch = max(cfg.optim.steps_per_epoch, 1)
     return UniCLR(encoder, proj, pred, method=method, augmenter=augmenter, num_global=2,
-                  ema_total_steps=cfg.epochs * max(cfg.steps_per_epoch, 1), steps_per_epoch=max(cfg.steps_per_epoch, 1),
-                  gather_across_replicas=cfg.gather_across_replicas,
-                  num_classes=info.num_classes if cfg.online_probe and info.num_classes else None)
+                  ema_total_steps=cfg.optim.epochs * steps_per_epoch, steps_per_epoch=steps_per_epoch,
+                  gather_across_replicas=cfg.system.gather_across_replicas,
+                  num_classes=info.num_classes if cfg.evaluation.online_probe and info.num_classes else None)
 
 
 def build_optimizer(cfg, steps_per_epoch, method=None):
@@ -208,15 +107,16 @@ def build_optimizer(cfg, steps_per_epoch, method=None):
     (``method``: the run's, else built from ``cfg``)."""
     from uniclr_tf.optimizers import build_optimizer as make_optimizer
     from uniclr_tf.schedules import WarmupCosine
-    schedule = WarmupCosine(cfg.base_learning_rate, cfg.batch_size, total_steps=cfg.epochs * steps_per_epoch,
-                            warmup_steps=int(round(cfg.warmup_epochs * steps_per_epoch)))
+    optim = cfg.optim
+    schedule = WarmupCosine(optim.base_learning_rate, optim.batch_size, total_steps=optim.epochs * steps_per_epoch,
+                            warmup_steps=int(round(optim.warmup_epochs * steps_per_epoch)))
     # The online probe is a plain linear classifier: no trust ratio, no decay (as solo-learn).
-    probe = ["linear_probe"] if cfg.optimizer in ("lars", "sgd") else ()
+    probe = ["linear_probe"] if optim.optimizer in ("lars", "sgd") else ()
     # SimSiam's predictor learns at a constant rate (the schedule's peak), not on the schedule.
     method = method if method is not None else cfg.build_method()
     fixed = ["predictor"] if method.options.get("predictor_fixed_lr") else []
-    return make_optimizer(cfg.optimizer, schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                          exclude_from_adaptation=probe if cfg.optimizer == "lars" else (),
+    return make_optimizer(optim.optimizer, schedule, momentum=optim.momentum, weight_decay=optim.weight_decay,
+                          exclude_from_adaptation=probe if optim.optimizer == "lars" else (),
                           exclude_from_weight_decay=probe, fixed_lr_patterns=fixed,
                           fixed_learning_rate=schedule.peak_learning_rate if fixed else None)
 
@@ -225,8 +125,8 @@ def run_path(cfg):
     """The run folder: ``<run_dir>/<run_name>``, by default ``<method>-<dataset>`` (so rerunning the
     same command finds the same folder and resumes it)."""
     from uniclr_tf import runs
-    name = cfg.run_name or f"{cfg.method}-{cfg.dataset.replace(':', '_').replace('/', '_')}"
-    return runs.run_folder_path(cfg.run_dir, name)
+    name = cfg.system.run_name or f"{cfg.method}-{cfg.data.dataset.replace(':', '_').replace('/', '_')}"
+    return runs.run_folder_path(cfg.invocation.run_dir, name)
 
 
 def check_writable(folder):
@@ -250,7 +150,7 @@ def prepare_run_folder(cfg, run_dir):
     if not runs.is_run_folder(run_dir):
         raise UsageError(f"--run_name: {run_dir} exists and holds files that are not a run of uniclr_tf.train "
                          "(no config.json + flags.txt); choose another --run_name or --run_dir")
-    if cfg.overwrite:
+    if cfg.invocation.overwrite:
         runs.clear_run_folder(run_dir)
         return "new", None
     config_path = os.path.join(run_dir, "config.json")
@@ -349,12 +249,12 @@ class RunContext:
 
     @property
     def steps_per_epoch(self):
-        return self.cfg.steps_per_epoch
+        return self.cfg.optim.steps_per_epoch
 
     @property
     def last_epoch(self):
         """The last epoch this invocation trains to (the schedule stays that of --epochs)."""
-        return self.cfg.stop_at_epoch or self.cfg.epochs
+        return self.cfg.optim.stop_at_epoch or self.cfg.optim.epochs
 
     @property
     def initial_step(self):
@@ -413,46 +313,48 @@ def _prepare_process(cfg):
     import keras
     from uniclr_tf import backup, distribute
     backup.set_phase("before training started; nothing was saved by this invocation: rerun the same command")
-    if cfg.export and keras.backend.backend() != "tensorflow":
+    if cfg.invocation.export and keras.backend.backend() != "tensorflow":
         raise UsageError("--export writes a TF SavedModel and needs KERAS_BACKEND=tensorflow; train under "
                          f"{keras.backend.backend()!r}, then run `python -m uniclr_tf.export` with the TF backend")
     # A multi-controller job (several JAX processes) is joined before any JAX computation.
-    process_id, num_processes = distribute.initialize_processes(cfg.coordinator_address, cfg.num_processes,
-                                                                cfg.process_id)
-    enable_compilation_cache(cfg.compilation_cache_dir, cfg.autotune_table)
+    this = cfg.invocation
+    process_id, num_processes = distribute.initialize_processes(this.coordinator_address, this.num_processes,
+                                                                this.process_id)
+    enable_compilation_cache(this.compilation_cache_dir, this.autotune_table)
     # tf.distribute's multi-worker strategy must exist before any other TensorFlow operation.
-    early = distribute.make_strategy(cfg.strategy) if cfg.strategy == "multi_worker" else None
+    early = distribute.make_strategy(cfg.system.strategy) if cfg.system.strategy == "multi_worker" else None
     if early is not None:  # one process per worker; worker 0 (or the chief) is process 0
         process_id, num_processes = distribute.worker_info(early)
-    keras.utils.set_random_seed(cfg.seed)
+    keras.utils.set_random_seed(cfg.system.seed)
     cfg = cfg.resolved()  # the method's defaults written out: flags.txt replays the same run
     ctx = RunContext(cfg, cfg.build_method(), process_id, num_processes, early_strategy=early)
     if ctx.chief:
-        check_writable(cfg.run_dir)
+        check_writable(cfg.invocation.run_dir)
     return ctx
 
 
 def _load_data(ctx):
     """The dataset (process 0 prints its notes) and the steps of an epoch, written into ``ctx.cfg``."""
     from uniclr_tf import data
-    cfg = ctx.cfg
-    info = data.load_dataset(cfg.dataset, image_size=cfg.image_size or None, data_dir=cfg.data_dir or None,
-                             skip_bad_files=cfg.skip_bad_files, max_examples=cfg.max_examples or None,
-                             eval_spec=cfg.eval_dataset or None, holdout_fraction=cfg.holdout_fraction,
-                             max_in_memory_mb=cfg.max_in_memory_mb, max_image_pixels=cfg.max_image_pixels or None)
+    cfg, spec = ctx.cfg, ctx.cfg.data
+    batch_size, per_execution = cfg.optim.batch_size, cfg.system.steps_per_execution
+    info = data.load_dataset(spec.dataset, image_size=spec.image_size or None, data_dir=spec.data_dir or None,
+                             skip_bad_files=spec.skip_bad_files, max_examples=spec.max_examples or None,
+                             eval_spec=spec.eval_dataset or None, holdout_fraction=spec.holdout_fraction,
+                             max_in_memory_mb=spec.max_in_memory_mb, max_image_pixels=spec.max_image_pixels or None)
     if ctx.chief:  # where the test split comes from, what is held out, whether the data streams
         for note in info.notes:
             print(note, flush=True)
-    num_train = min(info.num_train, cfg.max_examples or info.num_train)
-    if num_train < cfg.batch_size:  # every batch would repeat images (a contrastive batch then holds duplicates)
-        raise UsageError(f"--batch_size={cfg.batch_size}: {cfg.dataset} has only {num_train} training images, fewer "
+    num_train = min(info.num_train, spec.max_examples or info.num_train)
+    if num_train < batch_size:  # every batch would repeat images (a contrastive batch then holds duplicates)
+        raise UsageError(f"--batch_size={batch_size}: {spec.dataset} has only {num_train} training images, fewer "
                          "than one batch; lower --batch_size or add images")
-    steps_per_epoch = cfg.steps_per_epoch or max(num_train // cfg.batch_size, 1)
-    ctx.cfg = dataclasses.replace(cfg, steps_per_epoch=steps_per_epoch)
-    if cfg.steps_per_execution > 1 and steps_per_epoch % cfg.steps_per_execution:
-        raise UsageError(f"--steps_per_execution={cfg.steps_per_execution} must divide the {steps_per_epoch} steps "
+    steps_per_epoch = cfg.optim.steps_per_epoch or max(num_train // batch_size, 1)
+    ctx.cfg = cfg.replace(steps_per_epoch=steps_per_epoch)
+    if per_execution > 1 and steps_per_epoch % per_execution:
+        raise UsageError(f"--steps_per_execution={per_execution} must divide the {steps_per_epoch} steps "
                          f"of an epoch (Keras runs whole blocks of steps, so an epoch would run more)")
-    ctx.info, ctx.num_train, ctx.size = info, num_train, cfg.image_size or info.image_shape[0]
+    ctx.info, ctx.num_train, ctx.size = info, num_train, spec.image_size or info.image_shape[0]
 
 
 def _set_up_devices(ctx):
@@ -460,16 +362,16 @@ def _set_up_devices(ctx):
     import keras
     from uniclr_tf import data, distribute
     cfg = ctx.cfg
-    if cfg.precision != "float32":
-        keras.mixed_precision.set_global_policy(f"mixed_{cfg.precision}")
+    if cfg.system.precision != "float32":
+        keras.mixed_precision.set_global_policy(f"mixed_{cfg.system.precision}")
     # The distribution first: every variable (the augmenter's random state too) is created under it.
-    ctx.strategy = ctx.early_strategy if ctx.early_strategy is not None else distribute.make_strategy(cfg.strategy,
-                                                                                                      cfg.tpu)
+    ctx.strategy = (ctx.early_strategy if ctx.early_strategy is not None
+                    else distribute.make_strategy(cfg.system.strategy, cfg.system.tpu))
     replicas = distribute.num_replicas(ctx.strategy)
-    if cfg.batch_size % replicas:
-        raise UsageError(f"--batch_size={cfg.batch_size} must be divisible by the {replicas} replicas")
-    if replicas > 1 and not cfg.gather_across_replicas:  # each replica's loss sees its own rows only
-        ctx.method.check_setup(cfg.batch_size // replicas, int(cfg.projector_dims[-1]))
+    if cfg.optim.batch_size % replicas:
+        raise UsageError(f"--batch_size={cfg.optim.batch_size} must be divisible by the {replicas} replicas")
+    if replicas > 1 and not cfg.system.gather_across_replicas:  # each replica's loss sees its own rows only
+        ctx.method.check_setup(cfg.optim.batch_size // replicas, cfg.network.embedding_dim)
     if ctx.num_processes > 1 and keras.backend.backend() == "jax" and not data.have_tensorflow():
         # numpy_batches shards itself (shard=...)
         keras.distribution.distribution().auto_shard_dataset = False
@@ -493,16 +395,17 @@ def _open_run_folder(ctx, held):
             _write_run_files(run_dir, cfg, ctx.augmenter, ctx.info, ctx.size)
     distribute.barrier("run folder prepared", ctx.num_processes, ctx.strategy)
     if not ctx.chief:
-        status, found = prepare_run_folder(dataclasses.replace(cfg, overwrite=False), run_dir)
+        status, found = prepare_run_folder(cfg.replace(overwrite=False), run_dir)
     if status == "finished":
         print(f"run folder {run_dir}: this run already finished ({found.get('epochs')} epochs); its results are in "
               f"{os.path.join(run_dir, 'metrics.json')}. Pass --overwrite to train it again.")
         return found
     ctx.status, ctx.state = status, found if status == "resume" else None
-    if status == "new" and cfg.resume_from:
-        ctx.state = backup.latest(cfg.resume_from)
+    resume_from = cfg.invocation.resume_from
+    if status == "new" and resume_from:
+        ctx.state = backup.latest(resume_from)
         if ctx.state is None:
-            raise UsageError(f"--resume_from={cfg.resume_from}: no backup there ({backup.state_path(cfg.resume_from)} "
+            raise UsageError(f"--resume_from={resume_from}: no backup there ({backup.state_path(resume_from)} "
                              "is missing)")
     return None
 
@@ -513,18 +416,18 @@ def _build_training_model(ctx):
     from uniclr_tf import backup, distribute
     cfg = ctx.cfg
     with distribute.scope(ctx.strategy):
-        model = build_model(cfg, ctx.info, ctx.augmenter if cfg.augment_on == "device" else None,
+        model = build_model(cfg, ctx.info, ctx.augmenter if cfg.system.augment_on == "device" else None,
                             devices=distribute.num_data_parallel_devices(ctx.strategy), method=ctx.method)
         # JAX must jit ("auto"): with jit_compile=False Keras-on-JAX runs the step eagerly (~70x
         # slower on a GPU). TF runs a tf.function graph unless --jit_compile asks for XLA.
-        jit = True if cfg.jit_compile else ("auto" if keras.backend.backend() == "jax" else False)
+        jit = True if cfg.system.jit_compile else ("auto" if keras.backend.backend() == "jax" else False)
         model.compile(optimizer=build_optimizer(cfg, ctx.steps_per_epoch, method=ctx.method), jit_compile=jit,
-                      steps_per_execution=cfg.steps_per_execution)
+                      steps_per_execution=cfg.system.steps_per_execution)
         # The optimizer's variables now, with the model's (as a resume does), not inside fit: on JAX
         # their initialisers are XLA compiles of their own, which would count in the first epoch.
         model.optimizer.build(model.trainable_variables)
         if ctx.state:
-            backup.restore(model, cfg.resume_from if ctx.status == "new" else ctx.run_dir, ctx.state)
+            backup.restore(model, cfg.invocation.resume_from if ctx.status == "new" else ctx.run_dir, ctx.state)
     ctx.model = model
 
 
@@ -532,13 +435,14 @@ def _train_data(ctx, skip):
     """The training stream from step ``skip`` on (deterministic given the seed)."""
     from uniclr_tf import data
     cfg, info = ctx.cfg, ctx.info
-    labelled = bool(info.num_classes) and cfg.online_probe
+    batch_size, seed, augment_on = cfg.optim.batch_size, cfg.system.seed, cfg.system.augment_on
+    labelled = bool(info.num_classes) and cfg.evaluation.online_probe
     if data.have_tensorflow():
-        return data.pretrain_dataset(info, cfg.batch_size, ctx.augmenter if cfg.augment_on == "host" else None,
-                                     shuffle=True, seed=cfg.seed, repeat=True, with_labels=labelled,
+        return data.pretrain_dataset(info, batch_size, ctx.augmenter if augment_on == "host" else None,
+                                     shuffle=True, seed=seed, repeat=True, with_labels=labelled,
                                      skip_batches=skip)  # Keras shards tf.data over processes itself
-    if cfg.augment_on == "device":  # e.g. the JAX-only GPU machine: in-memory uint8 batches
-        return data.numpy_batches(info, cfg.batch_size, shuffle=True, seed=cfg.seed, with_labels=labelled,
+    if augment_on == "device":  # e.g. the JAX-only GPU machine: in-memory uint8 batches
+        return data.numpy_batches(info, batch_size, shuffle=True, seed=seed, with_labels=labelled,
                                   skip_batches=skip, shard=(ctx.process_id, ctx.num_processes))
     raise UsageError("--augment_on=host uses tf.data, and TensorFlow is not installed here; "
                      "use --augment_on=device")
@@ -550,7 +454,7 @@ def _prepare_evaluation(ctx):
     from uniclr_tf.augment import EvalPreprocess
     from uniclr_tf.callbacks import KNNMonitor
     from uniclr_tf.evaluation import raw_pixel_knn
-    cfg, info, model = ctx.cfg, ctx.info, ctx.model
+    knn, info, model = ctx.cfg.evaluation, ctx.info, ctx.model
     single = ctx.num_processes == 1
     ev = Evaluation(model.encoder if single else distribute.local_copy(model.encoder),
                     EvalPreprocess(ctx.size, info.mean, info.std),
@@ -559,11 +463,11 @@ def _prepare_evaluation(ctx):
         ev.refresh = lambda: ev.encoder.set_weights(model.encoder.get_weights())
     if info.num_classes and ctx.chief:
         # In-memory splits as arrays; streamed ones as tf.data batches, of which only features are kept.
-        ev.train = _eval_source(info, "train", cfg.knn_max_train or None)
+        ev.train = _eval_source(info, "train", knn.knn_max_train or None)
         ev.test = _eval_source(info, "test")
-        ev.raw = raw_pixel_knn(ev.train, ev.test, info.num_classes, cfg.knn_k, cfg.knn_temperature)
-        ev.monitor = KNNMonitor(ev.encoder, ev.preprocess, ev.train, ev.test, info.num_classes, every=cfg.knn_every,
-                                k=cfg.knn_k, temperature=cfg.knn_temperature, refresh=ev.refresh, context=ev.local)
+        ev.raw = raw_pixel_knn(ev.train, ev.test, info.num_classes, knn.knn_k, knn.knn_temperature)
+        ev.monitor = KNNMonitor(ev.encoder, ev.preprocess, ev.train, ev.test, info.num_classes, every=knn.knn_every,
+                                k=knn.knn_k, temperature=knn.knn_temperature, refresh=ev.refresh, context=ev.local)
     return ev
 
 
@@ -573,24 +477,26 @@ def _callbacks(ctx, ev, fit, interrupts):
     collapse detector (it keeps the backup of each epoch it finds healthy)."""
     from uniclr_tf import backup, data
     from uniclr_tf.callbacks import CollapseDetector, EpochTensorBoard, StepClock, StepProfiler
-    cfg, chief = ctx.cfg, ctx.chief
+    cfg, this, chief = ctx.cfg, ctx.cfg.invocation, ctx.chief
     callbacks = [StepClock()] + ([ev.monitor] if ev.monitor else [])
-    if cfg.profile_steps and chief:
-        callbacks.insert(0, StepProfiler(os.path.join(ctx.run_dir, "profile"), *map(int, cfg.profile_steps)))
-    saver = backup.BackupCallback(fit.writer, fit.progress, every_s=60.0 * cfg.backup_every_minutes,
-                                  stop_after_steps=cfg.stop_after_steps, interrupts=interrupts,
+    if this.profile_steps and chief:
+        callbacks.insert(0, StepProfiler(os.path.join(ctx.run_dir, "profile"), *map(int, this.profile_steps)))
+    saver = backup.BackupCallback(fit.writer, fit.progress, every_s=60.0 * this.backup_every_minutes,
+                                  stop_after_steps=this.stop_after_steps, interrupts=interrupts,
                                   method=cfg.method, before_write=fit.history.pending_write if chief else None)
     if chief:
         callbacks.append(fit.history)
     if data.have_tensorflow() and chief:  # Keras's TensorBoard callback writes through tf.summary
-        callbacks.append(EpochTensorBoard(os.path.join(ctx.run_dir, "tb"), every_steps=cfg.tensorboard_every_steps,
+        callbacks.append(EpochTensorBoard(os.path.join(ctx.run_dir, "tb"), every_steps=this.tensorboard_every_steps,
                                           steps_per_epoch=ctx.steps_per_epoch, initial_step=ctx.initial_step))
     callbacks.append(saver)
     if chief:  # (the kNN monitor runs on process 0 alone: in a job of several processes it only warns)
-        on_collapse = cfg.on_collapse if ctx.num_processes == 1 else "warn"
-        callbacks.append(CollapseDetector(int(cfg.projector_dims[-1]), ev.raw["top1"] if ev.raw else None,
-                                          cfg.warmup_epochs, on_collapse, ctx.run_dir, fit.writer,
-                                          knn_margin=cfg.collapse_knn_margin, std_fraction=cfg.collapse_std_fraction))
+        detect = cfg.evaluation
+        on_collapse = detect.on_collapse if ctx.num_processes == 1 else "warn"
+        callbacks.append(CollapseDetector(cfg.network.embedding_dim, ev.raw["top1"] if ev.raw else None,
+                                          cfg.optim.warmup_epochs, on_collapse, ctx.run_dir, fit.writer,
+                                          knn_margin=detect.collapse_knn_margin,
+                                          std_fraction=detect.collapse_std_fraction))
     return callbacks
 
 
@@ -598,10 +504,10 @@ def _announce(ctx):
     """The run's first lines: its folder (and where it resumes), the method, the data and the steps."""
     import keras
     cfg = ctx.cfg
-    print(f"run folder: {ctx.run_dir}" + _resume_note(ctx.state, cfg.epochs)
+    print(f"run folder: {ctx.run_dir}" + _resume_note(ctx.state, cfg.optim.epochs)
           + f"\nmethod: {ctx.method!r}, logging {', '.join(ctx.method.terms)}\n"
-          f"{cfg.dataset}: {ctx.num_train} training images {tuple(ctx.info.image_shape)}, "
-          f"{ctx.steps_per_epoch} steps/epoch of batch {cfg.batch_size}, backend {keras.backend.backend()}",
+          f"{cfg.data.dataset}: {ctx.num_train} training images {tuple(ctx.info.image_shape)}, "
+          f"{ctx.steps_per_epoch} steps/epoch of batch {cfg.optim.batch_size}, backend {keras.backend.backend()}",
           flush=True)
     for line in ctx.method.setup_warnings():
         print(line, flush=True)
@@ -614,7 +520,7 @@ def _fit(ctx, ev):
     from uniclr_tf.callbacks import HistoryRecorder, TrainingCollapsed
     cfg, run_dir = ctx.cfg, ctx.run_dir
     completed_epochs = ctx.state["epoch"] if ctx.state else 0
-    fit = Fit(HistoryRecorder(run_dir, title=f"{cfg.method} · {os.path.basename(run_dir)} · {cfg.dataset}",
+    fit = Fit(HistoryRecorder(run_dir, title=f"{cfg.method} · {os.path.basename(run_dir)} · {cfg.data.dataset}",
                               reference={"raw-pixel kNN top-1": ev.raw["top1"]} if ev.raw else None,
                               epochs=_read_history(run_dir, completed_epochs) if ctx.chief else ()),
               backup.Writer(run_dir, method=cfg.method, enabled=ctx.chief, last=ctx.state),
@@ -653,12 +559,12 @@ def _fit(ctx, ev):
 def _fit_epochs(ctx, callbacks):
     """``model.fit`` from the resumed step to the last epoch: a partial epoch first, alone."""
     cfg, model, steps_per_epoch, initial_step = ctx.cfg, ctx.model, ctx.steps_per_epoch, ctx.initial_step
-    verbose = cfg.verbose or (1 if sys.stdout.isatty() else 2)
+    verbose = cfg.invocation.verbose or (1 if sys.stdout.isatty() else 2)
     epoch = initial_step // steps_per_epoch
     if initial_step % steps_per_epoch:  # resumed mid-epoch: finish that epoch first
         # (a multiple of --steps_per_execution: backups happen between blocks, which divide an epoch)
-        # epochs=cfg.epochs, stopped after this one: the progress bar says "Epoch E/<epochs>"
-        model.fit(_train_data(ctx, initial_step), initial_epoch=epoch, epochs=cfg.epochs,
+        # epochs=cfg.optim.epochs, stopped after this one: the progress bar says "Epoch E/<epochs>"
+        model.fit(_train_data(ctx, initial_step), initial_epoch=epoch, epochs=cfg.optim.epochs,
                   steps_per_epoch=steps_per_epoch - initial_step % steps_per_epoch,
                   callbacks=callbacks + [_stop_after_one_epoch()], verbose=verbose)
         epoch += 1
@@ -756,10 +662,10 @@ def _finish(ctx, ev, fit):
     skipped = info.skipped_while_streaming()
     if skipped:
         metrics["skipped_while_streaming"] = len(skipped)
-        print(f"{cfg.dataset}: skipped {len(skipped)} bad image file(s) while streaming (first: {skipped[0]})")
-    if cfg.pictures:
+        print(f"{cfg.data.dataset}: skipped {len(skipped)} bad image file(s) while streaming (first: {skipped[0]})")
+    if cfg.invocation.pictures:
         metrics["pictures"] = _write_pictures(ctx, ev, tensorboard=data.have_tensorflow())
-    if cfg.export:  # before metrics.json: "finished" is written last, after every artefact asked for
+    if cfg.invocation.export:  # before metrics.json: "finished" is written last, after every artefact asked for
         from uniclr_tf.export import export_run
         export_run(run_dir, os.path.join(run_dir, "export"), overwrite=True)
     runs.atomic_write_json(os.path.join(run_dir, "metrics.json"), metrics)
@@ -770,20 +676,20 @@ def _finish(ctx, ev, fit):
 def _final_knn(ctx, ev):
     """The final kNN of the encoder next to the raw-pixel baseline (printed): metrics.json's fields."""
     from uniclr_tf.evaluation import knn_eval
-    cfg, info, raw = ctx.cfg, ctx.info, ev.raw
+    knn, info, raw = ctx.cfg.evaluation, ctx.info, ev.raw
     with ev.local():
         if ev.refresh:
             ev.refresh()
         # with the effective rank: the kNN monitor's compiled program again, not a second one
-        ssl = knn_eval(ev.encoder, ev.preprocess, ev.train, ev.test, info.num_classes, cfg.knn_k,
-                       cfg.knn_temperature, batch_size=2048, with_rank=True)
+        ssl = knn_eval(ev.encoder, ev.preprocess, ev.train, ev.test, info.num_classes, knn.knn_k,
+                       knn.knn_temperature, batch_size=2048, with_rank=True)
     metrics = dict(knn_top1=ssl["top1"], knn_top5=ssl["top5"], effective_rank=ssl["effective_rank"],
                    raw_pixel_knn_top1=raw["top1"], raw_pixel_knn_top5=raw["top5"],
                    raw_pixel_knn_memory_bank=raw["memory_bank"],
-                   knn_memory_bank=min(cfg.knn_max_train or info.num_train, info.num_train),
+                   knn_memory_bank=min(knn.knn_max_train or info.num_train, info.num_train),
                    knn_test=info.num_test)
     metrics["below_raw_pixel_baseline"] = bool(ssl["top1"] < raw["top1"])
-    print(f"kNN top-1 (k={cfg.knn_k}, T={cfg.knn_temperature}) on the test split: {ssl['top1']:.4f} | "
+    print(f"kNN top-1 (k={knn.knn_k}, T={knn.knn_temperature}) on the test split: {ssl['top1']:.4f} | "
           f"raw-pixel kNN baseline: {raw['top1']:.4f}"
           + (" | below the raw-pixel baseline: this run learned nothing useful" if ssl["top1"] < raw["top1"]
              else ""))
@@ -801,7 +707,7 @@ def _write_pictures(ctx, ev, tensorboard):
     with ev.local():
         drawn = pictures.write_run_pictures(
             ctx.run_dir, ev.encoder, ev.preprocess, ctx.augmenter, train_images, test_images,
-            class_names=FASHION_MNIST_CLASSES if cfg.dataset == "fashion_mnist" else None,
+            class_names=FASHION_MNIST_CLASSES if cfg.data.dataset == "fashion_mnist" else None,
             tensorboard=tensorboard, batch_size=2048)  # the kNN's batch: its compiled features
     print("pictures: " + "  ".join(v for k, v in drawn.items() if k in ("views", "neighbours", "embedding")))
     return {k: os.path.basename(v) for k, v in drawn.items()}
@@ -839,9 +745,9 @@ def _write_run_files(run_dir, cfg, augmenter, info, size):
     runs.mark_run_folder(run_dir)  # first: what --overwrite recognises as a run of this tool
     runs.atomic_write_text(os.path.join(run_dir, "flags.txt"), cfg.to_flagfile())
     runs.atomic_write_json(os.path.join(run_dir, "config.json"),
-                           {**cfg.to_dict(), "views": json.loads(json.dumps(augmenter.get_config(), default=str))})
+                           {**cfg.to_flat(), "views": json.loads(json.dumps(augmenter.get_config(), default=str))})
     runs.atomic_write_json(os.path.join(run_dir, "dataset.json"),
-                           {"dataset": cfg.dataset, "eval_dataset": cfg.eval_dataset,
+                           {"dataset": cfg.data.dataset, "eval_dataset": cfg.data.eval_dataset,
                             "image_shape": [size, size, info.image_shape[-1]],
                             "num_classes": info.num_classes, "mean": list(map(float, info.mean)),
                             "std": list(map(float, info.std)), "num_train": info.num_train,
@@ -856,7 +762,7 @@ def _record_failure(run_dir, cfg, status, reason, progress, at=None, **extra):
     if at is None and progress.step == progress.initial_step == 0 and status == "interrupted":
         epoch, step = 1, 0
     runs.atomic_write_json(os.path.join(run_dir, "metrics.json"),
-                           {"status": status, "reason": reason, "method": cfg.method, "epochs": cfg.epochs,
+                           {"status": status, "reason": reason, "method": cfg.method, "epochs": cfg.optim.epochs,
                             "epoch": epoch, "step": step, **extra})
 
 
@@ -939,13 +845,13 @@ def entry_point():
 
 
 def help_groups():
-    """``--help``'s groups: TrainConfig's fields by HELP_GROUPS, the method options after the method."""
+    """``--help``'s groups: one per sub-config of ``TrainConfig`` (its ``TITLE``), ``--method`` and
+    then the method options in the method's place."""
     from uniclr_tf import methods
-    from uniclr_tf.config import HELP_GROUPS
-    groups = flagutil.group_fields(TrainConfig, HELP_GROUPS)
-    options = [(f"method options (unset: the method's default; [methods that take it])", list(methods.option_specs()))]
+    groups = flagutil.section_groups(TrainConfig)
+    options = [("method options (unset: the method's default; [methods that take it])", list(methods.option_specs()))]
     at = next(i for i, (title, _) in enumerate(groups) if title == "method") + 1
-    return [(t, [n for n in names if n != "method_options"]) for t, names in groups[:at]] + options + groups[at:]
+    return groups[:at] + options + groups[at:]
 
 
 if __name__ == "__main__":
