@@ -136,38 +136,54 @@ def _shard_rows(batch_size, shard):
 
 def numpy_batches(info: DatasetInfo, batch_size: int, shuffle: bool = True, seed: int = 0,
                   split: str = "train", with_labels: bool = False, skip_batches: int = 0,
-                  shard: Tuple[int, int] = (0, 1)):
+                  shard: Tuple[int, int] = (0, 1), across_passes: bool = False):
     """Endless uint8 batches of an in-memory split without tf.data (for augmentation on the device).
 
     Same contract as :func:`pretrain_dataset` with ``augmenter=None, repeat=True``: a new permutation
-    every epoch (deterministic given ``seed``), ``drop_remainder``, ``x`` or ``(x, labels)``, the
-    first ``skip_batches`` batches skipped. ``shard=(index, count)``: this process's rows of every
-    batch, ``batch_size / count`` contiguous rows, for a JAX multi-process job (every process runs
-    the same stream; Keras assembles the global batch in process order). A ``tf.data`` dataset needs
-    no such option: Keras's ``DataParallel`` shards it over the processes itself (rebatch + shard).
+    every pass over the split (``numpy.random.default_rng(seed)``, deterministic), full batches, ``x``
+    or ``(x, labels)``, the first ``skip_batches`` batches skipped. ``across_passes=False`` (the
+    pretraining stream) cuts each pass into batches and drops its last partial one, so the split must
+    hold a batch; ``True`` concatenates the passes before cutting (as tf.data's ``repeat().batch()``),
+    so a batch may span two passes and a split smaller than a batch still works (linear evaluation on
+    a labelled subset). ``shard=(index, count)``: this process's rows of every batch, ``batch_size /
+    count`` contiguous rows, for a JAX multi-process job (every process runs the same stream; Keras
+    assembles the global batch in process order). A ``tf.data`` dataset needs no such option: Keras's
+    ``DataParallel`` shards it over the processes itself (rebatch + shard).
     """
     data = info.split(split)
     if not data.in_memory:
         raise DataError(f"{info.spec or info.name}: numpy_batches needs an in-memory split; "
                         "streamed data (tfds:, tfrecord:, a large folder:) needs tf.data (pretrain_dataset)")
     n = data.num_examples
-    if n < batch_size:
+    if n == 0 or (n < batch_size and not across_passes):
         raise DataError(f"{info.spec or info.name}: split {split!r} has {n} examples, fewer than "
                         f"batch_size={batch_size}")
-    rng = np.random.default_rng(seed)
-    count = 0
+    batches = _batch_indices(n, batch_size, np.random.default_rng(seed), shuffle, across_passes)
+    for count, idx in enumerate(batches, 1):
+        if count <= skip_batches:  # a resumed run: the same stream, from its step on
+            continue
+        if shard[1] > 1:
+            lo, hi = _shard_rows(batch_size, shard)
+            idx = idx[lo:hi]
+        x = data.images[idx]
+        yield (x, data.labels[idx]) if with_labels else x
+
+
+def _batch_indices(n, batch_size, rng, shuffle, across_passes):
+    """Endless index arrays of :func:`numpy_batches`'s batches: passes over ``range(n)`` (each a new
+    permutation from ``rng`` when ``shuffle``), cut into ``batch_size`` rows per pass (the rest
+    dropped) or, ``across_passes``, cut from the passes concatenated."""
+    pending = np.zeros((0,), np.int64)
     while True:
         order = rng.permutation(n) if shuffle else np.arange(n)
-        for start in range(0, n - batch_size + 1, batch_size):
-            count += 1
-            if count <= skip_batches:  # a resumed run: the same stream, from its step on
-                continue
-            idx = order[start:start + batch_size]
-            if shard[1] > 1:
-                lo, hi = _shard_rows(batch_size, shard)
-                idx = idx[lo:hi]
-            x = data.images[idx]
-            yield (x, data.labels[idx]) if with_labels else x
+        if across_passes:
+            pending = np.concatenate([pending, order])
+            while len(pending) >= batch_size:
+                yield pending[:batch_size]
+                pending = pending[batch_size:]
+        else:
+            for start in range(0, n - batch_size + 1, batch_size):
+                yield order[start:start + batch_size]
 
 
 def as_numpy(info: DatasetInfo, split: str, max_examples: Optional[int] = None

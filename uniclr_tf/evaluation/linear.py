@@ -20,9 +20,9 @@ installed).
 
 Where the augmentation runs: ``--augment_on=host`` (the default) augments in tf.data, which needs
 TensorFlow; ``--augment_on=device`` (the JAX-only GPU machines, which have no TensorFlow) feeds the
-training split's uint8 images and labels to ``fit`` from NumPy (:func:`device_batches`) and runs the
-same augmenter (:func:`train_augmenter`, seeded by ``--seed``) inside the compiled step, before the
-frozen backbone (:func:`augmented_model`). Both take ``max(N // batch, 1)`` full batches an epoch
+training split's uint8 images and labels to ``fit`` from NumPy (:func:`uniclr_tf.data.numpy_batches`
+with ``across_passes=True``) and runs the same augmenter (:func:`train_augmenter`, seeded by
+``--seed``) inside the compiled step, before the frozen backbone (:func:`augmented_model`). Both take ``max(N // batch, 1)`` full batches an epoch
 (the passes over the split concatenated), so the steps, schedule and initialisation are the same;
 the augmenter's random state advances every step on both backends. ``device`` needs the training
 split in memory (a streamed one stops with one ``error: --augment_on=device ...`` line); without
@@ -69,6 +69,7 @@ Library use needs no flags::
     result = linear_eval(run.encoder, info, epochs=100, mean=run.mean, std=run.std, label_fraction=0.1)
 """
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -184,23 +185,6 @@ def augmented_model(encoder, head, image_shape, augmenter=None):
     return keras.Model(inputs, head(encoder(x, training=False)), name="linear_eval")
 
 
-def device_batches(images, labels, batch_size: int, seed: int):
-    """Endless ``(uint8 images, labels)`` batches of in-memory arrays, without tf.data, in the order
-    rule of the host path's ``pretrain_dataset(shuffle=True, repeat=True)``: a new permutation of
-    the split every pass (``numpy.random.default_rng(seed)``), the passes concatenated, cut into
-    full batches (across pass boundaries, so a split smaller than the batch still works)."""
-    n = len(images)
-    if n == 0:
-        raise ValueError("device_batches: the split is empty")
-    rng = np.random.default_rng(seed)
-    order = np.zeros((0,), np.int64)
-    while True:
-        while len(order) < batch_size:
-            order = np.concatenate([order, rng.permutation(n)])
-        idx, order = order[:batch_size], order[batch_size:]
-        yield images[idx], labels[idx]
-
-
 def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learning_rate: float = 30.0,
                 momentum: float = 0.9, weight_decay: float = 0.0, optimizer: str = "sgd",
                 augment: bool = True, mean=None, std=None, seed: int = 0, tb_dir: Optional[str] = None,
@@ -229,8 +213,8 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
         (:func:`uniclr_tf.evaluation.protocols.labelled_subset`; 1: all of it).
       augment_on: where the augmentation runs. ``"host"``: in tf.data (needs TensorFlow).
         ``"device"``: inside the compiled train step, on uint8 batches of the in-memory training
-        split fed to ``fit`` from NumPy (:func:`device_batches`; no TensorFlow needed, e.g. Keras
-        on JAX); the same augmenter (:func:`train_augmenter`), steps, schedule and initialisation.
+        split fed to ``fit`` from NumPy (:func:`uniclr_tf.data.numpy_batches`; no TensorFlow needed,
+        e.g. Keras on JAX); the same augmenter (:func:`train_augmenter`), steps, schedule and initialisation.
         Ignored with ``augment=False``.
 
     Returns:
@@ -240,13 +224,9 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
     """
     import keras
 
-    from uniclr_tf import data
     from uniclr_tf.augment import EvalPreprocess
 
-    if epochs < 1 or batch_size < 1:
-        raise ValueError(f"epochs and batch_size must be >= 1; received {epochs}, {batch_size}")
-    if not info.num_classes:
-        raise RunError(f"{info.spec or info.name}: unlabelled dataset; linear evaluation needs labels")
+    _check_arguments(epochs, batch_size, info, "linear evaluation")
     check_augment_on(augment, augment_on, info)  # before any work
     start = time.time()
     keras.utils.set_random_seed(seed)
@@ -254,62 +234,102 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
     std = tuple(info.std if std is None else std)
     info, subset = protocols.labelled_subset(info, label_fraction, seed)
     preprocess = EvalPreprocess(tuple(info.image_shape[:2]), mean, std)
-    num_classes = int(info.num_classes)
 
-    was_trainable = encoder.trainable
-    encoder.trainable = False
-    try:
+    with _frozen(encoder):
         test_x, test_y = _split_features(encoder, preprocess, info, "test", feature_batch_size)
-        check_labels(test_y, num_classes, "test")
-        init = keras.initializers.RandomNormal(stddev=0.01, seed=seed)  # as the authors' code
-        head = keras.Sequential([keras.Input((test_x.shape[1],)),
-                                 keras.layers.Dense(num_classes, kernel_initializer=init, name="linear")],
-                                name="linear_classifier")
+        check_labels(test_y, int(info.num_classes), "test")
+        head = _linear_head(test_x.shape[1], int(info.num_classes), seed)
         if augment:
             model, fit_args, steps_per_epoch = _augmented_training(encoder, head, info, batch_size, mean, std, seed,
                                                                    augment_on)
         else:
-            train_x, train_y = _split_features(encoder, preprocess, info, "train", feature_batch_size)
-            check_labels(train_y, num_classes, "train")
-            steps_per_epoch = math.ceil(info.num_train / batch_size)
-            model = head
-            fit_args = dict(x=train_x, y=train_y, batch_size=batch_size, shuffle=True)
-        model.compile(optimizer=_make_optimizer(optimizer, learning_rate, batch_size, epochs * steps_per_epoch,
-                                                momentum, weight_decay),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1")])
-        callbacks = [_test_monitor(head, test_x, test_y)]
-        if tb_dir and data.have_tensorflow():  # Keras's TensorBoard callback writes through tf.summary
-            callbacks.append(keras.callbacks.TensorBoard(tb_dir, update_freq="epoch"))
-        history = model.fit(epochs=epochs, callbacks=callbacks, verbose=verbose, **fit_args)
+            model, fit_args, steps_per_epoch = _feature_training(encoder, head, preprocess, info, batch_size,
+                                                                 feature_batch_size)
+        optimizer_ = _make_optimizer(optimizer, learning_rate, batch_size, epochs * steps_per_epoch, momentum,
+                                     weight_decay)
+        logs = _fit_head(model, optimizer_, fit_args, _test_monitor(head, test_x, test_y), epochs, tb_dir, verbose)
+
+    acc = topk_accuracy(_head_scores(head, test_x), test_y, (1, 5))
+    settings = dict(epochs=int(epochs), batch_size=int(batch_size), optimizer=optimizer,
+                    learning_rate=float(learning_rate), peak_learning_rate=batch_size / 256 * float(learning_rate),
+                    schedule="cosine", momentum=float(momentum), weight_decay=float(weight_decay),
+                    augment=bool(augment), crop_scale=list(CROP_SCALE) if augment else None,
+                    augment_on=augment_on if augment else None, seed=int(seed))
+    return {"top1": acc["top1"], "top5": acc["top5"],
+            "train_loss": float(logs["loss"][-1]), "train_top1": float(logs["top1"][-1]),
+            "settings": _result_settings(info, subset, mean, std, settings, test_x, len(test_y),
+                                         epochs * steps_per_epoch, start)}
+
+
+def _check_arguments(epochs, batch_size, info, what):
+    """Raises unless ``epochs`` and ``batch_size`` are >= 1 and ``info`` is labelled (``what`` needs labels)."""
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"epochs and batch_size must be >= 1; received {epochs}, {batch_size}")
+    if not info.num_classes:
+        raise RunError(f"{info.spec or info.name}: unlabelled dataset; {what} needs labels")
+
+
+@contextlib.contextmanager
+def _frozen(encoder):
+    """``encoder.trainable`` is False inside (no gradient reaches it, inference-mode BN), restored after."""
+    was_trainable = encoder.trainable
+    encoder.trainable = False
+    try:
+        yield encoder
     finally:
         encoder.trainable = was_trainable
 
-    acc = topk_accuracy(_head_scores(head, test_x), test_y, (1, 5))
-    logs = history.history
-    return {
-        "top1": acc["top1"], "top5": acc["top5"],
-        "train_loss": float(logs["loss"][-1]), "train_top1": float(logs["top1"][-1]),
-        "settings": {
-            "dataset": info.spec or info.name, "label_subset": subset, "mean": list(mean), "std": list(std),
-            "epochs": int(epochs), "batch_size": int(batch_size), "optimizer": optimizer,
-            "learning_rate": float(learning_rate),
-            "peak_learning_rate": batch_size / 256 * float(learning_rate),
-            "schedule": "cosine", "momentum": float(momentum), "weight_decay": float(weight_decay),
-            "augment": bool(augment), "crop_scale": list(CROP_SCALE) if augment else None,
-            "augment_on": augment_on if augment else None,
-            "seed": int(seed), "num_train": int(info.num_train), "num_test": int(len(test_y)),
-            "feature_dim": int(test_x.shape[1]), "num_classes": num_classes,
-            "steps": int(epochs * steps_per_epoch), "backend": keras.backend.backend(),
-            "seconds": round(time.time() - start, 2),
-        },
-    }
+
+def _linear_head(feature_dim, num_classes, seed):
+    """The classifier trained: one dense layer, N(0, 0.01²) weights (as the authors' code), zero bias."""
+    import keras
+
+    init = keras.initializers.RandomNormal(stddev=0.01, seed=seed)
+    return keras.Sequential([keras.Input((feature_dim,)),
+                             keras.layers.Dense(num_classes, kernel_initializer=init, name="linear")],
+                            name="linear_classifier")
+
+
+def _fit_head(model, optimizer, fit_args, test_monitor, epochs, tb_dir, verbose):
+    """Compiles ``model`` (cross-entropy, top-1) and fits it; returns the per-epoch logs. The test
+    accuracy is only monitored (TensorBoard, where TensorFlow is installed)."""
+    import keras
+
+    from uniclr_tf import data
+
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1")])
+    callbacks = [test_monitor]
+    if tb_dir and data.have_tensorflow():  # Keras's TensorBoard callback writes through tf.summary
+        callbacks.append(keras.callbacks.TensorBoard(tb_dir, update_freq="epoch"))
+    return model.fit(epochs=epochs, callbacks=callbacks, verbose=verbose, **fit_args).history
+
+
+def _result_settings(info, subset, mean, std, settings, test_x, num_test, steps, start):
+    """``settings`` of :func:`linear_eval`'s result: the data, the ``settings`` given, then the sizes."""
+    import keras
+
+    return {"dataset": info.spec or info.name, "label_subset": subset, "mean": list(mean), "std": list(std),
+            **settings, "num_train": int(info.num_train), "num_test": int(num_test),
+            "feature_dim": int(test_x.shape[1]), "num_classes": int(info.num_classes), "steps": int(steps),
+            "backend": keras.backend.backend(), "seconds": round(time.time() - start, 2)}
+
+
+def _feature_training(encoder, head, preprocess, info, batch_size, feature_batch_size):
+    """``(model, fit arguments, steps per epoch)`` of training on precomputed features: the frozen
+    backbone's features of the plain training images, computed once; the head alone is fitted."""
+    train_x, train_y = _split_features(encoder, preprocess, info, "train", feature_batch_size)
+    check_labels(train_y, int(info.num_classes), "train")
+    steps_per_epoch = math.ceil(info.num_train / batch_size)
+    return head, dict(x=train_x, y=train_y, batch_size=batch_size, shuffle=True), steps_per_epoch
 
 
 def _augmented_training(encoder, head, info, batch_size, mean, std, seed, augment_on):
     """``(model, fit arguments, steps per epoch)`` of training on augmented images: the frozen
     backbone run every step, the augmentation in tf.data (``augment_on="host"``) or inside the
-    compiled step on uint8 batches from NumPy (``"device"``)."""
+    compiled step on uint8 batches from NumPy (``"device"``). Both read the split in the same rule:
+    a new permutation every pass, the passes concatenated, cut into full batches (so a labelled
+    subset smaller than a batch still trains), ``max(N // batch, 1)`` of them an epoch."""
     from uniclr_tf import data
 
     height, width, channels = info.image_shape
@@ -317,9 +337,9 @@ def _augmented_training(encoder, head, info, batch_size, mean, std, seed, augmen
         check_labels(info.split("train").labels, int(info.num_classes), "train")
     augmenter = train_augmenter((height, width), mean, std, seed)
     if augment_on == "device":  # uint8 batches from NumPy, augmented inside the compiled step
-        train = info.split("train")
         model = augmented_model(encoder, head, (height, width, channels), augmenter)
-        train_data = device_batches(train.images, train.labels, batch_size, seed)
+        train_data = data.numpy_batches(info, batch_size, shuffle=True, seed=seed, with_labels=True,
+                                        across_passes=True)
     else:  # augmented (and normalised) in tf.data
         model = augmented_model(encoder, head, (height, width, channels))
         train_data = data.pretrain_dataset(info, batch_size, lambda x: augmenter(x)[0], shuffle=True,
