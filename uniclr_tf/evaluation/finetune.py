@@ -93,8 +93,7 @@ def finetune(encoder, info, epochs: int = 30, batch_size: int = 256, learning_ra
     """
     import keras
 
-    from uniclr_tf import data
-    from uniclr_tf.augment import EvalPreprocess, ViewAugmenter
+    from uniclr_tf.augment import EvalPreprocess
 
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1; received {epochs}, {batch_size}")
@@ -105,23 +104,13 @@ def finetune(encoder, info, epochs: int = 30, batch_size: int = 256, learning_ra
     mean = tuple(info.mean if mean is None else mean)
     std = tuple(info.std if std is None else std)
     info, subset = protocols.labelled_subset(info, label_fraction, seed)
-    height, width, channels = info.image_shape
     num_classes = int(info.num_classes)
-    preprocess = EvalPreprocess((height, width), mean, std)
+    preprocess = EvalPreprocess(tuple(info.image_shape[:2]), mean, std)
     if info.split("train").in_memory:  # streamed splits are checked by the loss instead
         check_labels(info.split("train").labels, num_classes, "train")
 
-    if augment:
-        augmenter = ViewAugmenter(global_size=(height, width), num_global=1, global_scale=tuple(crop_scale),
-                                  jitter_rate=0.0, grayscale_rate=0.0, blur_rate=0.0, solarize_rate=0.0,
-                                  mean=mean, std=std, seed=seed)
-        train_map = lambda x: augmenter(x)[0]  # noqa: E731
-    else:
-        train_map = preprocess
-    train_ds = data.pretrain_dataset(info, batch_size, train_map, shuffle=True, seed=seed, repeat=True,
-                                     with_labels=True)
+    train_ds = _training_data(info, batch_size, preprocess, augment, crop_scale, mean, std, seed)
     steps_per_epoch = max(info.num_train // batch_size, 1)
-
     model = _classifier(encoder, info.image_shape, num_classes, seed)
     model.compile(optimizer=_optimizer(learning_rate, batch_size, epochs * steps_per_epoch, momentum, weight_decay,
                                        nesterov),
@@ -130,21 +119,34 @@ def finetune(encoder, info, epochs: int = 30, batch_size: int = 256, learning_ra
     history = model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose).history
 
     acc, num_test = _test_accuracy(model, preprocess, info, feature_batch_size)
-    return model, {
-        "top1": acc["top1"], "top5": acc["top5"],
-        "train_loss": [float(v) for v in history["loss"]], "train_top1": [float(v) for v in history["top1"]],
-        "settings": {
-            "dataset": info.spec or info.name, "label_subset": subset, "mean": list(mean), "std": list(std),
-            "epochs": int(epochs),
-            "batch_size": int(batch_size), "optimizer": "sgd", "nesterov": bool(nesterov),
-            "learning_rate": float(learning_rate), "peak_learning_rate": batch_size / 256 * float(learning_rate),
-            "schedule": "cosine", "momentum": float(momentum), "weight_decay": float(weight_decay),
-            "augment": bool(augment), "crop_scale": [float(s) for s in crop_scale] if augment else None,
-            "seed": int(seed), "num_train": int(info.num_train), "num_test": num_test,
-            "num_classes": num_classes, "steps": int(epochs * steps_per_epoch),
-            "backend": keras.backend.backend(), "seconds": round(time.time() - start, 2),
-        },
-    }
+    settings = {
+        "dataset": info.spec or info.name, "label_subset": subset, "mean": list(mean), "std": list(std),
+        "epochs": int(epochs), "batch_size": int(batch_size), "optimizer": "sgd", "nesterov": bool(nesterov),
+        "learning_rate": float(learning_rate), "peak_learning_rate": batch_size / 256 * float(learning_rate),
+        "schedule": "cosine", "momentum": float(momentum), "weight_decay": float(weight_decay),
+        "augment": bool(augment), "crop_scale": [float(s) for s in crop_scale] if augment else None,
+        "seed": int(seed), "num_train": int(info.num_train), "num_test": num_test, "num_classes": num_classes,
+        "steps": int(epochs * steps_per_epoch), "backend": keras.backend.backend(),
+        "seconds": round(time.time() - start, 2)}
+    return model, {"top1": acc["top1"], "top5": acc["top5"], "train_loss": [float(v) for v in history["loss"]],
+                   "train_top1": [float(v) for v in history["top1"]], "settings": settings}
+
+
+def _training_data(info, batch_size, preprocess, augment, crop_scale, mean, std, seed):
+    """The labelled training batches, shuffled, repeated: a random resized crop of area ``crop_scale``
+    + horizontal flip (then normalised) with ``augment``, else the plain images through ``preprocess``."""
+    from uniclr_tf import data
+    from uniclr_tf.augment import ViewAugmenter
+
+    if augment:
+        height, width = info.image_shape[:2]
+        augmenter = ViewAugmenter(global_size=(height, width), num_global=1, global_scale=tuple(crop_scale),
+                                  jitter_rate=0.0, grayscale_rate=0.0, blur_rate=0.0, solarize_rate=0.0,
+                                  mean=mean, std=std, seed=seed)
+        train_map = lambda x: augmenter(x)[0]  # noqa: E731
+    else:
+        train_map = preprocess
+    return data.pretrain_dataset(info, batch_size, train_map, shuffle=True, seed=seed, repeat=True, with_labels=True)
 
 
 def _classifier(encoder, image_shape, num_classes, seed):
