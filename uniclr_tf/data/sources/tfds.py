@@ -35,29 +35,15 @@ def _load_tfds(spec, opts):
     name, split = _parse_tfds_spec(spec)
     notes = []
     where = f"tfds:{name}"
-    try:
-        builder = tfds.builder(name, data_dir=opts.data_dir)
-    except tfds.core.registered.DatasetNotFoundError as e:
-        raise DataError(f"{where}: unknown TFDS dataset (catalog: https://www.tensorflow.org/datasets/catalog)") from e
-    except Exception as e:  # bad version, bad config, ...
-        raise DataError(f"{where}: cannot build the TFDS dataset: {_first_line(e)}") from e
-
+    builder = _builder(tfds, name, opts.data_dir, where)
     features = builder.info.features
     shape = _image_shape(features, where)
-    channels = shape[2]
-    out_channels = opts.channels or (1 if channels in (1, 2) else 3)
+    out_channels = opts.channels or (1 if shape[2] in (1, 2) else 3)
     if size is None and (shape[0] is None or shape[1] is None):
         raise DataError(f"{where}: images vary in size (feature shape {shape}); pass image_size "
                         "(--image_size) to resize them")
-    out_size = size or (shape[0], shape[1])
-
-    label_feature = features["label"] if "label" in features.keys() else None
-    if label_feature is not None and isinstance(label_feature, tfds.features.ClassLabel):
-        num_classes, class_names = label_feature.num_classes, tuple(label_feature.names)
-    else:
-        if label_feature is not None:
-            logging.warning("%s: 'label' is not a ClassLabel; treating the data as unlabelled", where)
-        label_feature, num_classes, class_names = None, None, None
+    out_shape = (*(size or (shape[0], shape[1])), out_channels)
+    label_feature, num_classes, class_names = _label_feature(tfds, features, where)
 
     try:
         builder.download_and_prepare()
@@ -65,6 +51,43 @@ def _load_tfds(spec, opts):
         raise DataError(f"{where}: download/prepare failed: {_first_line(e)}") from e
 
     train_split, test_split = _choose_splits(builder, spec, split, opts, notes)
+    to_pair = _example_to_pair(shape, size, out_shape, labelled=label_feature is not None)
+    train = _make_split(builder, "train", train_split, to_pair, out_shape, max_examples, where)
+    test = _make_split(builder, "test", test_split, to_pair, out_shape, max_examples, where)
+    if (train if opts.splits != "test" else test).num_examples == 0:
+        raise DataError(f"{where}: split {train_split or test_split!r} is empty")
+    sample = train.dataset.take(_TFDS_STATS_SAMPLE).batch(256)
+    mean, std = _channel_stats((x.numpy() for x, _ in sample), out_channels)
+    return _make_info(name=name, spec=spec, train=train, test=test, num_classes=num_classes,
+                      class_names=class_names, mean=mean, std=std, image_shape=out_shape, notes=notes)
+
+
+def _builder(tfds, name, data_dir, where):
+    """The TFDS builder of ``name``; a ``DataError`` naming the dataset when there is none."""
+    try:
+        return tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as e:
+        raise DataError(f"{where}: unknown TFDS dataset (catalog: https://www.tensorflow.org/datasets/catalog)") from e
+    except Exception as e:  # bad version, bad config, ...
+        raise DataError(f"{where}: cannot build the TFDS dataset: {_first_line(e)}") from e
+
+
+def _label_feature(tfds, features, where):
+    """``(label feature, number of classes, class names)``: all None when the dataset has no
+    ``ClassLabel`` named ``label`` (its data is then unlabelled; another kind of label is warned of)."""
+    label_feature = features["label"] if "label" in features.keys() else None
+    if label_feature is not None and isinstance(label_feature, tfds.features.ClassLabel):
+        return label_feature, label_feature.num_classes, tuple(label_feature.names)
+    if label_feature is not None:
+        logging.warning("%s: 'label' is not a ClassLabel; treating the data as unlabelled", where)
+    return None, None, None
+
+
+def _example_to_pair(shape, size, out_shape, labelled):
+    """A tf.data map from a TFDS example to ``(uint8 image of out_shape, int64 label)``: the alpha
+    channel dropped, grey tiled to RGB or RGB to grey as ``out_shape`` asks, resized to ``size``
+    (when given and not the images' own); the label -1 when not ``labelled``."""
+    channels, out_channels = shape[2], out_shape[2]
 
     def to_pair(example):
         image = example["image"]
@@ -76,40 +99,33 @@ def _load_tfds(spec, opts):
             image = tf.image.rgb_to_grayscale(image)
         if size is not None and tuple(shape[:2]) != tuple(size):
             image = resize_uint8(image, size)
-        image = tf.ensure_shape(image, (*out_size, out_channels))
-        label = (tf.cast(example["label"], tf.int64) if label_feature is not None
-                 else tf.constant(-1, tf.int64))
+        image = tf.ensure_shape(image, out_shape)
+        label = tf.cast(example["label"], tf.int64) if labelled else tf.constant(-1, tf.int64)
         return image, label
 
-    def make_split(kind, tfds_split):
-        if tfds_split is None:
-            empty = tf.data.Dataset.from_tensor_slices(
-                (np.zeros((0, *out_size, out_channels), np.uint8), np.zeros((0,), np.int64)))
-            return Split(name=kind, num_examples=0, stream=Stream(dataset_records(empty, 0)))
-        try:
-            ds = builder.as_dataset(split=tfds_split, shuffle_files=False)
-        except Exception as e:
-            raise DataError(f"{where}: cannot read split {tfds_split!r}: {_first_line(e)}") from e
-        count = int(ds.cardinality().numpy())
-        if count < 0:
-            try:
-                count = int(builder.info.splits[tfds_split].num_examples)
-            except Exception:  # noqa: BLE001 - unknown: count once
-                count = int(ds.reduce(np.int64(0), lambda n, _: n + 1).numpy())
-        if max_examples:
-            ds, count = ds.take(max_examples), min(count, max_examples)
-        ds = ds.map(to_pair, num_parallel_calls=AUTOTUNE)
-        return Split(name=kind, num_examples=count, stream=Stream(dataset_records(ds, count)))
+    return to_pair
 
-    train = make_split("train", train_split)
-    test = make_split("test", test_split)
-    if (train if opts.splits != "test" else test).num_examples == 0:
-        raise DataError(f"{where}: split {train_split or test_split!r} is empty")
-    sample = train.dataset.take(_TFDS_STATS_SAMPLE).batch(256)
-    mean, std = _channel_stats((x.numpy() for x, _ in sample), out_channels)
-    return _make_info(name=name, spec=spec, train=train, test=test, num_classes=num_classes,
-                      class_names=class_names, mean=mean, std=std,
-                      image_shape=(*out_size, out_channels), notes=notes)
+
+def _make_split(builder, kind, tfds_split, to_pair, out_shape, max_examples, where):
+    """The :class:`Split` ``kind`` streamed from the TFDS split ``tfds_split`` (None: an empty split),
+    its first ``max_examples`` (0 / None: all), counted."""
+    if tfds_split is None:
+        empty = tf.data.Dataset.from_tensor_slices((np.zeros((0, *out_shape), np.uint8), np.zeros((0,), np.int64)))
+        return Split(name=kind, num_examples=0, stream=Stream(dataset_records(empty, 0)))
+    try:
+        ds = builder.as_dataset(split=tfds_split, shuffle_files=False)
+    except Exception as e:
+        raise DataError(f"{where}: cannot read split {tfds_split!r}: {_first_line(e)}") from e
+    count = int(ds.cardinality().numpy())
+    if count < 0:
+        try:
+            count = int(builder.info.splits[tfds_split].num_examples)
+        except Exception:  # noqa: BLE001 - unknown: count once
+            count = int(ds.reduce(np.int64(0), lambda n, _: n + 1).numpy())
+    if max_examples:
+        ds, count = ds.take(max_examples), min(count, max_examples)
+    ds = ds.map(to_pair, num_parallel_calls=AUTOTUNE)
+    return Split(name=kind, num_examples=count, stream=Stream(dataset_records(ds, count)))
 
 
 def _image_shape(features, where):
