@@ -102,7 +102,9 @@ class StepProfiler(keras.callbacks.Callback):
             os.makedirs(self.log_dir, exist_ok=True)
             if keras.backend.backend() == "jax":
                 import jax
-                jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True)
+                options = jax.profiler.ProfileOptions()
+                options.python_tracer_level = 0  # with Python events, 13-ms steps took 22 ms: a false timeline
+                jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True, profiler_options=options)
             else:
                 import tensorflow as tf
                 tf.profiler.experimental.start(self.log_dir)
