@@ -1,5 +1,5 @@
 """Encoders: resnet18's stem choice, the Keras Hub ViT (build, pooled features, save/reload, clone for an
-EMA target) and a ViT trained and exported through the CLI."""
+EMA target, training with an EMA target, SavedModel export of a ViT run folder)."""
 
 import keras
 import numpy as np
@@ -62,7 +62,8 @@ def test_vit_builds_saves_reloads_and_clones(tmp_path):
 def test_vit_trains_with_an_ema_target():
     """BYOL (an EMA target: ``clone_model`` of the ViT, inside the model) trains a test-sized ViT for 2
     steps; the target's weights move towards the online ones. The train CLI with ``--encoder=vit_tiny``,
-    ``uniclr_tf.export`` and its ``--check`` pass too, but take 95 s on 2 cores: run by hand (WORKSPACE.md)."""
+    ``uniclr_tf.export`` and its ``--check`` pass too (95 s on 2 cores, run by hand); the export of a ViT
+    run folder is tested below."""
     pytest.importorskip("keras_hub")
     from uniclr_tf import heads, methods
     from uniclr_tf.model import UniCLR
@@ -85,3 +86,32 @@ def test_vit_trains_with_an_ema_target():
     assert np.all(np.isfinite(history["objective_loss"]))
     after = [np.asarray(w) for w in model.target_encoder.weights]
     assert any(not np.allclose(a, b) for a, b in zip(before, after))
+
+
+def test_vit_run_exports_a_savedmodel_that_matches_keras(tmp_path):
+    """A test-sized ViT run folder (as the train CLI leaves it) exports to a SavedModel whose features and
+    embedding match the Keras models (``export.check_export``, which reloads it with
+    ``tf.saved_model.load``); the patch embedding and class token survive the TF graph."""
+    pytest.importorskip("keras_hub")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the SavedModel export needs the TensorFlow backend")
+    import json
+    import os
+    from uniclr_tf import export, heads
+    from uniclr_tf.config import TrainConfig
+    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "export")
+    os.makedirs(run_dir)
+    keras.utils.set_random_seed(0)
+    vit = encoders.vit("vit_tiny", (28, 28, 1), dims=TINY_VIT)
+    projector = heads.projector(vit.output_shape[-1], (32, 8))
+    vit.save(os.path.join(run_dir, "encoder.keras"))
+    projector.save(os.path.join(run_dir, "projector.keras"))
+    with open(os.path.join(run_dir, "dataset.json"), "w") as f:
+        json.dump({"dataset": "fashion_mnist", "image_shape": [28, 28, 1], "num_classes": 10, "mean": [0.286],
+                   "std": [0.353], "num_train": 60000}, f)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        f.write(TrainConfig.make(encoder="vit_tiny", projector_dims=(32, 8)).to_json())
+    export.export_run(run_dir, out_dir, version=1)
+    result = export.check_export(out_dir, run_dir, num_images=4)
+    assert result["ok"], result["checks"]
+    assert {"train_size/features", "train_size/embedding", "backbone.keras/features"} <= set(result["checks"])
