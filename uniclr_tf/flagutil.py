@@ -1,9 +1,9 @@
 """Flags from a frozen config dataclass: one flag per field, same name, same default.
 
-Only entry points call these (``train``, ``linear_eval``): library code never reads flags. The
-dataclass validates itself, so a bad value stops with a message naming the flag. A field's help
-text is its metadata's ``"help"`` (``config.flag``), else the entry of a ``help_texts`` dict; an
-enum flag's values are its metadata's ``"choices"`` (or ``enums``). A field whose default is None
+Only entry points call these (``train``, ``linear_eval``, ``finetune``): library code never reads
+flags. The dataclass validates itself, so a bad value stops with a message naming the flag. A
+field's help text is its metadata's ``"help"`` and an enum flag's values its ``"choices"``, both
+declared next to the field with ``config.flag``. A field whose default is None
 (``config.unset``) or an empty tuple declares its flag's type in its metadata (``"kind"``,
 ``"many"``); a None default means "not given". A field whose type is itself a dataclass (a
 sub-config, e.g. ``TrainConfig.data``) is no flag: its fields are, under their own names
@@ -65,18 +65,16 @@ def section_groups(config_cls):
     return groups
 
 
-def define_flags(config_cls, help_texts=None, enums=None, flag_values=None, skip=()):
-    """Defines one absl flag per field of ``config_cls`` (:func:`leaf_fields`), its help from the
-    field's metadata (else ``help_texts``), an enum for choices in the metadata (or in ``enums``)."""
+def define_flags(config_cls, flag_values=None, skip=()):
+    """Defines one absl flag per field of ``config_cls`` (:func:`leaf_fields`) but those in ``skip``,
+    its help and (an enum) its choices from the field's metadata (``config.flag``)."""
     flag_values = flags.FLAGS if flag_values is None else flag_values
-    enums, help_texts = enums or {}, help_texts or {}
     for field in leaf_fields(config_cls):
         if field.name in skip:
             continue
         kind, many = _kind(field)
-        help_ = field.metadata["help"] if "help" in field.metadata else help_texts[field.name]
-        define_flag(field.name, field.default, kind, help_, flag_values, many=many,
-                    choices=field.metadata.get("choices") or enums.get(field.name))
+        define_flag(field.name, field.default, kind, field.metadata["help"], flag_values, many=many,
+                    choices=field.metadata.get("choices"))
 
 
 def parse_list(name, value, kind):

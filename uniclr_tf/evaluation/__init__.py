@@ -5,7 +5,7 @@
     knn.py        weighted kNN and top-k accuracy (NumPy, or compiled on the device)
     protocols.py  the labelled subset of --label_fraction, its record, the section key, merge_results
     run.py        a run folder as evaluations read it: check_run_dir, load_run, load_run_data
-    cli.py        what the evaluation command lines share (common fields and help, run_main)
+    cli.py        what the evaluation command lines share (common fields with their help, checks, run_main)
     linear.py     linear evaluation (and kNN) of a frozen backbone: ``python -m uniclr_tf.linear_eval``
     finetune.py   fine-tuning with a new linear head: ``python -m uniclr_tf.finetune``
 

@@ -1,28 +1,43 @@
 """What the evaluation command lines share (``linear_eval``, ``finetune``): the fields every
-evaluation config has, validated with errors naming the flag, their help, and the body of ``main``.
+evaluation config has (declared with their help, as :mod:`uniclr_tf.config`'s), their checks with
+errors naming the flag, and the body of ``main``.
 """
 
 import sys
 
+from uniclr_tf.config import flag
 from uniclr_tf.data.spec import spec_forms
 from uniclr_tf.errors import UsageError
 from uniclr_tf.evaluation.run import check_run_dir
 from uniclr_tf.runs import RunFolderError
 
-#: The help of the flags of the protocol that every evaluation command line has.
-COMMON_HELP = {
-    "dataset": f"Dataset to evaluate on: {spec_forms(', ', ' or ')} (transfer; resized to the "
-               "encoder's input size, normalised with the run's pretraining mean/std). Empty: the pretraining "
-               "dataset.",
-    "data_dir": "Data directory of --dataset (TFDS data dir; fashion_mnist: folder of its IDX files). Empty: the "
-                "source's default (the pretraining dataset always uses the run's own).",
-    "label_fraction": "Share of the labelled training split to train on, in (0, 1] (semi-supervised protocol: "
-                      "0.01, 0.1): per class c, a permutation seeded by (--seed, c), the first "
-                      "max(1, floor(f*n_c + 0.5)). "
-                      "The test split stays whole.",
-    "max_examples": "Use only the first N images of each split (0: as the pretraining run's --max_examples; "
-                    "all of another --dataset).",
-}
+# The flags every evaluation command has, with the same meaning and help: each config declares them
+# as fields (``dataset: str = dataset_flag()``), the help next to the field as TrainConfig's.
+
+
+def dataset_flag():
+    """``--dataset``: the data evaluated on (empty: the pretraining dataset)."""
+    return flag("", f"Dataset to evaluate on: {spec_forms(', ', ' or ')} (transfer; resized to the encoder's input "
+                    "size, normalised with the run's pretraining mean/std). Empty: the pretraining dataset.")
+
+
+def data_dir_flag():
+    """``--data_dir``: the data directory of ``--dataset``."""
+    return flag("", "Data directory of --dataset (TFDS data dir; fashion_mnist: folder of its IDX files). Empty: "
+                    "the source's default (the pretraining dataset always uses the run's own).")
+
+
+def label_fraction_flag():
+    """``--label_fraction``: the share of labelled training images (semi-supervised protocol)."""
+    return flag(1.0, "Share of the labelled training split to train on, in (0, 1] (semi-supervised protocol: "
+                     "0.01, 0.1): per class c, a permutation seeded by (--seed, c), the first "
+                     "max(1, floor(f*n_c + 0.5)). The test split stays whole.")
+
+
+def max_examples_flag():
+    """``--max_examples``: a cap on each split (0: the pretraining run's)."""
+    return flag(0, "Use only the first N images of each split (0: as the pretraining run's --max_examples; all of "
+                   "another --dataset).")
 
 
 def check_common_fields(cfg):

@@ -51,8 +51,10 @@ import os
 import time
 
 from uniclr_tf import runs
+from uniclr_tf.config import flag
 from uniclr_tf.evaluation import protocols
-from uniclr_tf.evaluation.cli import COMMON_HELP, check_common_fields, run_main
+from uniclr_tf.evaluation.cli import (check_common_fields, data_dir_flag, dataset_flag, label_fraction_flag,
+                                     max_examples_flag, run_main)
 from uniclr_tf.evaluation.knn import topk_accuracy
 from uniclr_tf.evaluation.run import RunError, check_labels, check_run_dir, load_run_data, split_source
 
@@ -186,24 +188,29 @@ def _test_accuracy(model, preprocess, info, batch_size):
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneConfig:
-    """Every setting of one ``finetune`` invocation. Field names equal the flag names; the order
-    is ``--help``'s (:data:`HELP_GROUPS`)."""
+    """Every setting of one ``finetune`` invocation. Each field is a flag of the same name, declared
+    with its help (:func:`uniclr_tf.config.flag`); the order is ``--help``'s (:data:`HELP_GROUPS`)."""
 
-    run_dir: str = ""
-    dataset: str = ""  # empty: the pretraining dataset
-    data_dir: str = ""
-    label_fraction: float = 1.0
-    max_examples: int = 0  # 0: as the pretraining run (another --dataset: all)
-    seed: int = 0
-    epochs: int = 30
-    batch_size: int = 256
-    learning_rate: float = 0.05
-    momentum: float = 0.9
-    nesterov: bool = True
-    weight_decay: float = 0.0
-    augment: bool = True
-    crop_scale: tuple = CROP_SCALE
-    out: str = ""  # empty: <run_dir>/finetune.json
+    run_dir: str = flag("", "Run folder written by uniclr_tf.train (encoder.keras, dataset.json, config.json); "
+                            "encoder.keras is only read.")
+    dataset: str = dataset_flag()  # empty: the pretraining dataset
+    data_dir: str = data_dir_flag()
+    label_fraction: float = label_fraction_flag()
+    max_examples: int = max_examples_flag()  # 0: as the pretraining run (another --dataset: all)
+    seed: int = flag(0, "Random seed (labelled subset, head initialisation, shuffling, augmentation).")
+    epochs: int = flag(30, "Epochs over the labelled training images (SimCLR: 60 with 1% of the labels, 30 with "
+                           "10%).")
+    batch_size: int = flag(256, "Batch size.")
+    learning_rate: float = flag(0.05, "Learning rate for a batch of 256 (peak = batch_size/256 * this), cosine to 0, "
+                                      "no warm-up (SimCLR: 0.05).")
+    momentum: float = flag(0.9, "SGD momentum (SimCLR: 0.9).")
+    nesterov: bool = flag(True, "Nesterov momentum (SimCLR: yes).")
+    weight_decay: float = flag(0.0, "Weight decay (SimCLR: 0).")
+    augment: bool = flag(True, "Random resized crop (--crop_scale) + horizontal flip on the training images; "
+                               "--noaugment: the plain images.")
+    crop_scale: tuple = flag(CROP_SCALE, "Area range lo,hi of the random resized crop (SimCLR's Inception crop: "
+                                         "0.08,1).")
+    out: str = flag("", "Results JSON (empty: <run_dir>/finetune.json); each protocol's section is merged in.")
 
     def __post_init__(self):
         check = check_common_fields(self)
@@ -243,36 +250,15 @@ def run(cfg: FinetuneConfig) -> dict:
     return result
 
 
-HELP = {
-    "run_dir": "Run folder written by uniclr_tf.train (encoder.keras, dataset.json, config.json); encoder.keras "
-               "is only read.",
-    "dataset": COMMON_HELP["dataset"],
-    "data_dir": COMMON_HELP["data_dir"],
-    "label_fraction": COMMON_HELP["label_fraction"],
-    "max_examples": COMMON_HELP["max_examples"],
-    "seed": "Random seed (labelled subset, head initialisation, shuffling, augmentation).",
-    "epochs": "Epochs over the labelled training images (SimCLR: 60 with 1% of the labels, 30 with 10%).",
-    "batch_size": "Batch size.",
-    "learning_rate": "Learning rate for a batch of 256 (peak = batch_size/256 * this), cosine to 0, no warm-up "
-                     "(SimCLR: 0.05).",
-    "momentum": "SGD momentum (SimCLR: 0.9).",
-    "nesterov": "Nesterov momentum (SimCLR: yes).",
-    "weight_decay": "Weight decay (SimCLR: 0).",
-    "augment": "Random resized crop (--crop_scale) + horizontal flip on the training images; --noaugment: the "
-               "plain images.",
-    "crop_scale": "Area range lo,hi of the random resized crop (SimCLR's Inception crop: 0.08,1).",
-    "out": "Results JSON (empty: <run_dir>/finetune.json); each protocol's section is merged in.",
-}
-
 #: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.flagutil.group_fields`).
 HELP_GROUPS = [("protocol (what is evaluated)", "run_dir"), ("fine-tuning recipe", "epochs"), ("output", "out")]
 
 
 def define_flags(flag_values=None):
-    """One flag per ``FinetuneConfig`` field, same name, same default."""
+    """One flag per ``FinetuneConfig`` field, same name, same default, the help next to the field."""
     from uniclr_tf import flagutil
 
-    flagutil.define_flags(FinetuneConfig, HELP, flag_values=flag_values)
+    flagutil.define_flags(FinetuneConfig, flag_values=flag_values)
 
 
 def config_from_flags(flag_values=None) -> FinetuneConfig:

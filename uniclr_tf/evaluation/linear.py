@@ -78,10 +78,11 @@ from typing import Optional
 
 import numpy as np
 
-from uniclr_tf.config import AUGMENT_ON
+from uniclr_tf.config import AUGMENT_ON, flag
 from uniclr_tf.errors import UsageError
 from uniclr_tf.evaluation import protocols
-from uniclr_tf.evaluation.cli import COMMON_HELP, check_common_fields, run_main
+from uniclr_tf.evaluation.cli import (check_common_fields, data_dir_flag, dataset_flag, label_fraction_flag,
+                                     max_examples_flag, run_main)
 from uniclr_tf.evaluation.features import extract_features
 from uniclr_tf.evaluation.knn import topk_accuracy
 from uniclr_tf.evaluation.run import RunError, check_labels, check_run_dir, load_run, load_run_data, split_source
@@ -382,27 +383,34 @@ def knn_result(encoder, info, k: int = 200, temperature: float = 0.1, mean=None,
 
 @dataclasses.dataclass(frozen=True)
 class LinearEvalConfig:
-    """Every setting of one ``linear_eval`` invocation. Field names equal the flag names; the
-    order is ``--help``'s (:data:`HELP_GROUPS`)."""
+    """Every setting of one ``linear_eval`` invocation. Each field is a flag of the same name, declared
+    with its help (:func:`uniclr_tf.config.flag`); the order is ``--help``'s (:data:`HELP_GROUPS`)."""
 
-    run_dir: str = ""
-    dataset: str = ""  # empty: the pretraining dataset
-    data_dir: str = ""
-    label_fraction: float = 1.0
-    max_examples: int = 0  # 0: as the pretraining run (another --dataset: all)
-    seed: int = 0
-    epochs: int = 100
-    batch_size: int = 256
-    learning_rate: float = 30.0
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    optimizer: str = "sgd"
-    augment: bool = True
-    augment_on: str = "host"
-    knn: bool = False
-    knn_k: int = 200
-    knn_temperature: float = 0.1
-    out: str = ""  # empty: <run_dir>/linear_eval.json
+    run_dir: str = flag("", "Run folder written by uniclr_tf.train (encoder.keras, dataset.json, config.json).")
+    dataset: str = dataset_flag()  # empty: the pretraining dataset
+    data_dir: str = data_dir_flag()
+    label_fraction: float = label_fraction_flag()
+    max_examples: int = max_examples_flag()  # 0: as the pretraining run (another --dataset: all)
+    seed: int = flag(0, "Random seed (labelled subset, classifier initialisation, shuffling, augmentation).")
+    epochs: int = flag(100, "Epochs of linear-classifier training (paper: 100).")
+    batch_size: int = flag(256, "Batch size (paper: 256).")
+    learning_rate: float = flag(30.0, "Learning rate for a batch of 256 (peak = batch_size/256 * this), cosine to 0; "
+                                      "paper: 30 with SGD, 0.02 with LARS (ImageNet-1K).")
+    momentum: float = flag(0.9, "Optimizer momentum.")
+    weight_decay: float = flag(0.0, "Weight decay (paper: 0).")
+    optimizer: str = flag("sgd", "sgd (paper: CIFAR, ImageNet-100) or lars (paper: ImageNet-1K, with "
+                                 "--learning_rate=0.02 --batch_size=1024 --epochs=90).", choices=OPTIMIZERS)
+    augment: bool = flag(True, "Random resized crop (0.08-1) + flip on the training images; --noaugment precomputes "
+                               "the features of the plain images once (much faster).")
+    augment_on: str = flag("host", "Where the augmentation runs: host: in tf.data (needs TensorFlow); device: inside "
+                                   "the compiled step, on uint8 batches of the in-memory training split (no TensorFlow "
+                                   "needed: the JAX-only GPU machines). The same augmentation, steps and schedule "
+                                   "either way.", choices=AUGMENT_ON)
+    knn: bool = flag(False, "Run the weighted kNN evaluation instead of the linear classifier (memory bank: the "
+                            "labelled training images).")
+    knn_k: int = flag(200, "k of the weighted kNN.")
+    knn_temperature: float = flag(0.1, "Temperature of the weighted kNN.")
+    out: str = flag("", "Results JSON (empty: <run_dir>/linear_eval.json); each protocol's section is merged in.")
 
     def __post_init__(self):
         check = check_common_fields(self)
@@ -449,40 +457,16 @@ def run(cfg: LinearEvalConfig) -> dict:
     return result
 
 
-HELP = {
-    "run_dir": "Run folder written by uniclr_tf.train (encoder.keras, dataset.json, config.json).",
-    **COMMON_HELP,
-    "seed": "Random seed (labelled subset, classifier initialisation, shuffling, augmentation).",
-    "epochs": "Epochs of linear-classifier training (paper: 100).",
-    "batch_size": "Batch size (paper: 256).",
-    "learning_rate": "Learning rate for a batch of 256 (peak = batch_size/256 * this), cosine to 0; paper: 30 "
-                     "with SGD, 0.02 with LARS (ImageNet-1K).",
-    "momentum": "Optimizer momentum.",
-    "weight_decay": "Weight decay (paper: 0).",
-    "optimizer": "sgd (paper: CIFAR, ImageNet-100) or lars (paper: ImageNet-1K, with --learning_rate=0.02 "
-                 "--batch_size=1024 --epochs=90).",
-    "augment": "Random resized crop (0.08-1) + flip on the training images; --noaugment precomputes "
-               "the features of the plain images once (much faster).",
-    "augment_on": "Where the augmentation runs: host: in tf.data (needs TensorFlow); device: inside the compiled "
-                  "step, on uint8 batches of the in-memory training split (no TensorFlow needed: the JAX-only "
-                  "GPU machines). The same augmentation, steps and schedule either way.",
-    "knn": "Run the weighted kNN evaluation instead of the linear classifier (memory bank: the labelled "
-           "training images).",
-    "knn_k": "k of the weighted kNN.",
-    "knn_temperature": "Temperature of the weighted kNN.",
-    "out": "Results JSON (empty: <run_dir>/linear_eval.json); each protocol's section is merged in.",
-}
-
 #: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.flagutil.group_fields`).
 HELP_GROUPS = [("protocol (what is evaluated)", "run_dir"), ("linear classifier", "epochs"), ("kNN", "knn"),
                ("output", "out")]
 
 
 def define_flags(flag_values=None):
-    """One flag per ``LinearEvalConfig`` field, same name, same default."""
+    """One flag per ``LinearEvalConfig`` field, same name, same default, the help next to the field."""
     from uniclr_tf import flagutil
 
-    flagutil.define_flags(LinearEvalConfig, HELP, {"optimizer": OPTIMIZERS, "augment_on": AUGMENT_ON}, flag_values)
+    flagutil.define_flags(LinearEvalConfig, flag_values=flag_values)
 
 
 def config_from_flags(flag_values=None) -> LinearEvalConfig:
