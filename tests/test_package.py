@@ -156,6 +156,27 @@ def test_a_stray_word_after_the_flags_is_refused_naming_it(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+CLI_MODULES = ("uniclr_tf.train", "uniclr_tf.evaluation.linear", "uniclr_tf.evaluation.finetune", "uniclr_tf.export",
+               "uniclr_tf.autotune", "uniclr_tf.tools.release", "uniclr_tf.tools.folder_to_tfrecord")
+
+
+@pytest.mark.parametrize("module", CLI_MODULES)
+def test_every_cli_defines_its_flags_when_asked_into_the_flag_values_given(module):
+    """Every ``python -m`` CLI defines its absl flags in ``define_flags(flag_values)``, not on import,
+    and into the ``FlagValues`` it is given even when that is empty (an empty one is falsy: ``or``
+    would put them in absl's global FLAGS)."""
+    import importlib
+
+    from absl import flags
+
+    cli = importlib.import_module(module)
+    before = set(flags.FLAGS)
+    fv = flags.FlagValues()
+    cli.define_flags(fv)
+    added = set(flags.FLAGS) - before  # a library imported meanwhile may define its own (TensorFlow's)
+    assert len(list(fv)) >= 3 and added.isdisjoint(fv), sorted(added & set(fv))
+
+
 def test_license_is_apache_2_and_notice_names_the_paper():
     text = (REPO_ROOT / "LICENSE").read_text(encoding="utf-8")
     assert "Apache License" in text and "Version 2.0, January 2004" in text

@@ -162,7 +162,7 @@ def collect(cache_dirs, table_file, card, configs=()):
 def define_flags(flag_values=None):
     """The flags of ``python -m uniclr_tf.autotune`` (defined when it runs, not on import)."""
     from absl import flags
-    fv = flag_values or flags.FLAGS
+    fv = flags.FLAGS if flag_values is None else flag_values  # an empty FlagValues is falsy
     flags.DEFINE_string("table", "", "collect: the table to extend; list: the table to show (default: the "
                         "installed jaxlib's).", flag_values=fv)
     flags.DEFINE_string("card", "", "collect: the card's JAX device_kind (default: this machine's first device).",

@@ -469,8 +469,9 @@ def check_export(export_dir, run_dir, num_images=8, seed=0, tolerance=DEFAULT_TO
 
 
 def define_flags(flag_values=None):
+    """The flags of ``python -m uniclr_tf.export`` (defined when it runs, not on import)."""
     from absl import flags
-    fv = flag_values or flags.FLAGS
+    fv = flags.FLAGS if flag_values is None else flag_values  # an empty FlagValues is falsy
     flags.DEFINE_string("run_dir", None, "Run folder written by uniclr_tf.train (encoder.keras, "
                         "projector.keras, dataset.json).", flag_values=fv)
     flags.DEFINE_string("out", None, "Export folder (SavedModel, backbone.keras, export.json); must be missing "

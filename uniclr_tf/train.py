@@ -36,11 +36,12 @@ from uniclr_tf.errors import UsageError
 ALIASES = {"objective": "method", "gamma": "symmetric_loss_weight"}
 
 
-def define_flags(flag_values=flags.FLAGS):
+def define_flags(flag_values=None):
     """One flag per field of ``TrainConfig``'s sub-configs and ``--method`` (same name, same default,
     the help next to the field), one per option of any registered method (default None: the method's
-    own), and the aliases ``--objective``, ``--gamma``."""
+    own), and the aliases ``--objective``, ``--gamma``; into ``flag_values`` (default: absl's FLAGS)."""
     from uniclr_tf import methods
+    flag_values = flags.FLAGS if flag_values is None else flag_values
     flagutil.define_flags(TrainConfig, flag_values=flag_values, skip=("method",))
     method = next(f for f in dataclasses.fields(TrainConfig) if f.name == "method")
     flags.DEFINE_enum("method", method.default, methods.names(), method.metadata["help"], flag_values=flag_values)
@@ -52,9 +53,10 @@ def define_flags(flag_values=flags.FLAGS):
         flags.DEFINE_alias(alias, target, flag_values=flag_values)
 
 
-def config_from_flags(flag_values=flags.FLAGS):
+def config_from_flags(flag_values=None):
     """A ``TrainConfig`` from parsed flags: fields, plus the method options that were given."""
     from uniclr_tf import methods
+    flag_values = flags.FLAGS if flag_values is None else flag_values
     values = flagutil.config_values(TrainConfig, flag_values)
     options = {name: flag_values[name].value for name in methods.option_specs()
                if flag_values[name].value is not None}

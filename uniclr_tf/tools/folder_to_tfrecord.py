@@ -131,7 +131,7 @@ def convert(folder, out, shards=0, holdout_fraction=0.1, skip_bad_files=False, o
 
 def define_flags(flag_values=None):
     """The tool's flags (defined when it runs, not when the module is imported)."""
-    fv = flag_values or flags.FLAGS
+    fv = flags.FLAGS if flag_values is None else flag_values  # an empty FlagValues is falsy
     flags.DEFINE_string("folder", None, "The image folder (as for --dataset=folder:PATH).", flag_values=fv)
     flags.DEFINE_string("out", None, "Output prefix, e.g. /data/pets: writes /data/pets-train-*.tfrecord, "
                                      "/data/pets-test-*.tfrecord and /data/pets.json.", flag_values=fv)
@@ -162,6 +162,7 @@ def main(argv):
 
 
 def entry_point():
+    """What ``python -m uniclr_tf.tools.folder_to_tfrecord`` does."""
     from uniclr_tf import flagutil
     define_flags()
     flagutil.run_cli(__name__, __doc__, main)

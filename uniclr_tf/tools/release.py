@@ -432,8 +432,9 @@ def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print, 
 
 
 def define_flags(flag_values=None):
+    """The flags of ``python -m uniclr_tf.tools.release`` (defined when it runs, not on import)."""
     from absl import flags
-    fv = flag_values or flags.FLAGS
+    fv = flags.FLAGS if flag_values is None else flag_values  # an empty FlagValues is falsy
     flags.DEFINE_string("run_dir", None, "The finished run folder written by uniclr_tf.train (metrics.json with "
                         "status finished, encoder.keras, projector.keras, dataset.json, config.json).", flag_values=fv)
     flags.DEFINE_string("out", None, "The release folder; must be missing or empty unless --overwrite.",
@@ -469,6 +470,7 @@ def main(argv):
 
 
 def entry_point():
+    """What ``python -m uniclr_tf.tools.release`` does."""
     from uniclr_tf import flagutil
     define_flags()
     flagutil.run_cli(__name__, __doc__, main)
