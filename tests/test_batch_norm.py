@@ -1,5 +1,6 @@
-"""--batch_norm=per_device: GroupBatchNormalization (per-group statistics) and what it removes
-from a data-parallel step (the batch-norm all-reduces), against a float64 reference."""
+"""--batch_norm=per_device and global_one_pass: GroupBatchNormalization (per-group or one-pass
+statistics) and what each removes from a data-parallel step (batch-norm all-reduces), against a
+float64 reference."""
 
 import concurrent.futures
 import json
@@ -53,6 +54,30 @@ def test_group_batch_norm_matches_the_per_group_reference(shape):
                                keras.ops.convert_to_numpy(plain(x, training=False)), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("groups", [1, 3])
+def test_one_pass_statistics_match_the_reference(groups):
+    """``one_pass``: E[x] and E[x^2] in one reduction give the same normalisation and moving statistics
+    as the two-pass reference (float64), also with a mean far from 0 (variance from E[x^2] - E[x]^2)."""
+    rng = np.random.default_rng(1)
+    x = (rng.normal(size=(12, 4, 4, 5)) * np.arange(1, 6) + 3.0).astype("float32")
+    layer = GroupBatchNormalization(groups=groups, one_pass=True, momentum=0.9, epsilon=1e-5)
+    layer.build(x.shape)
+    gamma, beta = rng.normal(size=5), rng.normal(size=5)
+    layer.gamma.assign(gamma.astype("float32"))
+    layer.beta.assign(beta.astype("float32"))
+    y = keras.ops.convert_to_numpy(layer(x, training=True))
+    expected, mean, var = reference(x, groups, gamma, beta)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer.moving_mean), 0.1 * mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer.moving_variance), 0.9 + 0.1 * var, rtol=1e-4)
+    constant = np.full((4, 3), 7.0, "float32")  # E[x^2] - E[x]^2 rounds to <= 0: clipped, finite output
+    assert np.all(np.isfinite(keras.ops.convert_to_numpy(layer.__class__(one_pass=True)(constant, training=True))))
+    with encoders.batch_norm_groups(1, one_pass=True):
+        built = encoders.batch_norm(name="bn")
+    assert type(built) is GroupBatchNormalization and built.one_pass and built.groups == 1
+    assert GroupBatchNormalization.from_config(built.get_config()).one_pass
+
+
 def test_group_batch_norm_config_context_and_errors():
     with encoders.batch_norm_groups(4):
         grouped = encoders.batch_norm(name="bn")
@@ -80,12 +105,14 @@ def collectives(tmp_path, batch_norm):
     return json.loads(out.read_text())["counts"]
 
 
-def test_per_device_batch_norm_removes_the_bn_all_reduces(tmp_path):
+def test_per_device_and_one_pass_batch_norm_remove_bn_all_reduces(tmp_path):
     """The real data-parallel train step (JAX, 2 devices), compiled: global BN all-reduces every BN
     layer's statistics forward and its sums backward (25 all-reduces here: tiny encoder 3 + projector
-    2 BN layers), per-device BN none of them — the moving statistics' means ride in the gradient
-    all-reduce (5 here)."""
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # at the same time (one core each): 28 s -> 17 s
-        global_bn, per_device = pool.map(lambda bn: collectives(tmp_path, bn), ("global", "per_device"))
+    2 BN layers), per-device BN none of them (the moving statistics' means ride in the gradient
+    all-reduce: 5 here), one-pass global BN the same statistics with 2 fewer per BN layer."""
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # at the same time: 3 compiles in ~30 s on 2 cores
+        global_bn, per_device, one_pass = pool.map(lambda bn: collectives(tmp_path, bn),
+                                                   ("global", "per_device", "global_one_pass"))
     assert global_bn["all-reduce"] >= per_device["all-reduce"] + 10, (global_bn, per_device)
     assert per_device["all-reduce"] <= 6, per_device
+    assert per_device["all-reduce"] < one_pass["all-reduce"] <= global_bn["all-reduce"] - 2 * 5, (global_bn, one_pass)

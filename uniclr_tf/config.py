@@ -34,7 +34,7 @@ OPTIMIZERS = ("lars", "sgd", "adamw")
 PRECISIONS = ("float32", "bfloat16", "float16")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "data_parallel")
 AUGMENT_ON = ("host", "device")
-BATCH_NORMS = ("global", "per_device")
+BATCH_NORMS = ("global", "per_device", "global_one_pass")
 ON_COLLAPSE = ("stop", "warn")
 
 # Fields of earlier versions that are method options now (config.json of older runs).
@@ -277,7 +277,9 @@ class SystemConfig(_Section):
     batch_norm: str = flag("global", "Batch-norm statistics over several devices: global (the whole batch: "
                                      "synchronized BN on TF, one all-reduce per BN layer and pass on JAX) or "
                                      "per_device (each device's share, as PyTorch DDP without SyncBN; no BN traffic "
-                                     "between devices). One device: the same.", choices=BATCH_NORMS)
+                                     "between devices) or global_one_pass (the whole batch, E[x] and E[x^2] in one "
+                                     "reduction: on JAX one all-reduce per BN layer in the forward pass instead of two "
+                                     "dependent ones). One device: the same.", choices=BATCH_NORMS)
     tpu: str = flag("", "TPU name or grpc:// address for --strategy=tpu.")
     jit_compile: bool = flag(False, "Compile the train step with XLA on TF (JAX always jits).")
     steps_per_execution: int = flag(1, "Train steps per call of the train function (must divide the steps of an "

@@ -20,14 +20,15 @@ STEMS = ("auto", "cifar", "imagenet")
 # Keras Hub ViTs (randomly initialised): (hidden size, layers, heads, MLP size), DeiT-Tiny / -Small.
 VITS = {"vit_tiny": (192, 12, 3, 768), "vit_small": (384, 12, 6, 1536)}
 
-_BN_GROUPS = contextvars.ContextVar("uniclr_tf_bn_groups", default=1)
+_BN_GROUPS = contextvars.ContextVar("uniclr_tf_bn_groups", default=(1, False))
 
 
 @contextlib.contextmanager
-def batch_norm_groups(groups):
+def batch_norm_groups(groups, one_pass=False):
     """Within this block, :func:`batch_norm` builds :class:`GroupBatchNormalization` layers with
-    ``groups`` groups (``train --batch_norm=per_device`` on JAX: one group per device); 1: plain BN."""
-    token = _BN_GROUPS.set(int(groups))
+    ``groups`` groups (``train --batch_norm=per_device`` on JAX: one group per device) or, with
+    ``one_pass``, one-pass statistics (``--batch_norm=global_one_pass``); 1 and False: plain BN."""
+    token = _BN_GROUPS.set((int(groups), bool(one_pass)))
     try:
         yield
     finally:
@@ -46,16 +47,23 @@ class GroupBatchNormalization(layers.BatchNormalization):
     the groups' statistics. Inference (``training=False``) is plain batch norm with them, so a saved
     backbone evaluates the same on any number of devices. Channels must be the last axis; the batch
     must split into ``groups`` equal slices.
+
+    ``one_pass=True`` takes the training statistics in one reduction, E[x] and E[x²] together
+    (variance = E[x²] − E[x]², clipped at 0, in float32 as PyTorch's SyncBatchNorm does), instead of
+    Keras's mean then the mean of squared deviations: with ``groups=1`` under ``DataParallel`` that is
+    one all-reduce per BN layer in the forward pass instead of two dependent ones.
     """
 
-    def __init__(self, groups=1, **kwargs):
+    def __init__(self, groups=1, one_pass=False, **kwargs):
         super().__init__(**kwargs)
         if int(groups) < 1:
             raise ValueError(f"groups must be >= 1; received {groups!r}")
         self.groups = int(groups)
+        self.one_pass = bool(one_pass)
 
     def call(self, inputs, training=None, mask=None):
-        if self.groups == 1 or not (training and self.trainable) or mask is not None or self.renorm:
+        plain = self.groups == 1 and not self.one_pass
+        if plain or not (training and self.trainable) or mask is not None or self.renorm:
             return super().call(inputs, training=training, mask=mask)
         if self.axis not in (-1, len(inputs.shape) - 1):
             raise ValueError(f"{self.name}: GroupBatchNormalization needs channels last; axis={self.axis}")
@@ -65,8 +73,13 @@ class GroupBatchNormalization(layers.BatchNormalization):
         x = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
         grouped = ops.reshape(x, (self.groups, -1) + tuple(x.shape[1:]))
         axes = tuple(range(1, len(grouped.shape) - 1))
-        mean, variance = ops.moments(grouped, axes=axes, keepdims=True)
         channels = grouped.shape[-1]
+        if self.one_pass:  # one reduction: [E[x], E[x^2]] over the batch (one all-reduce on a sharded batch)
+            both = ops.mean(ops.concatenate([grouped, ops.square(grouped)], axis=-1), axis=axes, keepdims=True)
+            mean, mean_square = both[..., :channels], both[..., channels:]
+            variance = ops.maximum(mean_square - ops.square(mean), 0.0)
+        else:
+            mean, variance = ops.moments(grouped, axes=axes, keepdims=True)
         momentum = self.momentum
         self.moving_mean.assign(ops.cast(self.moving_mean, x.dtype) * momentum
                                 + ops.mean(ops.reshape(mean, (self.groups, channels)), axis=0) * (1.0 - momentum))
@@ -81,7 +94,7 @@ class GroupBatchNormalization(layers.BatchNormalization):
         return ops.cast(ops.reshape(out, ops.shape(x)), self.compute_dtype)
 
     def get_config(self):
-        return {**super().get_config(), "groups": self.groups}
+        return {**super().get_config(), "groups": self.groups, "one_pass": self.one_pass}
 
 
 def batch_norm(synchronized=False, name=None, **kwargs):
@@ -91,9 +104,10 @@ def batch_norm(synchronized=False, name=None, **kwargs):
     global, so plain BN already normalises over the whole batch. Inside :func:`batch_norm_groups`
     (G > 1) it is a :class:`GroupBatchNormalization` with G groups instead (per-device statistics).
     """
-    groups = _BN_GROUPS.get()
-    if groups > 1:
-        return GroupBatchNormalization(groups=groups, momentum=0.9, epsilon=1e-5, name=name, **kwargs)
+    groups, one_pass = _BN_GROUPS.get()
+    if groups > 1 or one_pass:
+        return GroupBatchNormalization(groups=groups, one_pass=one_pass, momentum=0.9, epsilon=1e-5, name=name,
+                                       **kwargs)
     synchronized = bool(synchronized) and keras.backend.backend() == "tensorflow"
     return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, synchronized=synchronized, name=name, **kwargs)
 

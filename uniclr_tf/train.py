@@ -80,16 +80,18 @@ def build_model(cfg, info, augmenter=None, devices=1, method=None):
 
     ``devices`` > 1 (the batch split over several): ``--batch_norm=global`` synchronises BN on TF
     (JAX's global arrays need nothing); ``per_device`` keeps TF's per-replica BN and, on JAX, builds
-    ``GroupBatchNormalization`` with one group per device."""
+    ``GroupBatchNormalization`` with one group per device; ``global_one_pass`` is global BN whose
+    statistics take one reduction (on JAX: ``GroupBatchNormalization(one_pass=True)``)."""
     import keras
 
     from uniclr_tf import encoders, heads
     from uniclr_tf.model import UniCLR
     method = method if method is not None else cfg.build_method()
     size = cfg.data.image_size or info.image_shape[0]
-    synchronized_bn = devices > 1 and cfg.system.batch_norm == "global"
-    groups = devices if cfg.system.batch_norm == "per_device" and keras.backend.backend() == "jax" else 1
-    with encoders.batch_norm_groups(groups):
+    synchronized_bn = devices > 1 and cfg.system.batch_norm in ("global", "global_one_pass")
+    on_jax = keras.backend.backend() == "jax"
+    groups = devices if cfg.system.batch_norm == "per_device" and on_jax else 1
+    with encoders.batch_norm_groups(groups, one_pass=cfg.system.batch_norm == "global_one_pass" and on_jax):
         encoder = encoders.build_encoder(cfg.network.encoder, (size, size, info.image_shape[-1]),
                                          width=cfg.network.encoder_width or None, synchronized_bn=synchronized_bn,
                                          stem=cfg.network.encoder_stem)

@@ -155,6 +155,7 @@ def portable_backbone(encoder):
         config = layer.get_config()
         if _needs_plain_bn(layer):
             config.pop("groups", None)
+            config.pop("one_pass", None)  # training-only options of GroupBatchNormalization
             config["synchronized"] = False
             return keras.layers.BatchNormalization.from_config(config)
         return layer.__class__.from_config(config)
