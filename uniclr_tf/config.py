@@ -275,7 +275,7 @@ class SystemConfig(_Section):
     gather_across_replicas: bool = flag(True, "Gather embeddings across replicas (global negatives/covariance); "
                                               "--nogather_across_replicas keeps them per replica (authors' code).")
     batch_norm: str = flag("global", "Batch-norm statistics over several devices: global (the whole batch: "
-                                     "synchronized BN on TF, one all-reduce per BN layer and pass on JAX) or "
+                                     "synchronized BN on TF; on JAX the mean, then the variance), "
                                      "per_device (each device's share, as PyTorch DDP without SyncBN; no BN traffic "
                                      "between devices) or global_one_pass (the whole batch, E[x] and E[x^2] in one "
                                      "reduction: on JAX one all-reduce per BN layer in the forward pass instead of two "
