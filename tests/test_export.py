@@ -280,6 +280,46 @@ def test_cli_missing_run_files_one_line_error(exported, tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"error: run folder {missing!r} does not exist"), proc.stderr
 
 
+@pytest.mark.parametrize("args, line", [
+    (["--run_dir=RUN", "--out=OUT", "--version=-1"], "error: --version: expected an integer >= 0"),
+    (["--run_dir=RUN", "--check=OUT", "--num_check_images=0"], "error: --num_check_images: expected an integer >= 1"),
+    (["--out=OUT"], "error: --run_dir: expected the run folder written by uniclr_tf.train; not given"),
+    (["--run_dir=RUN"], "error: --out: expected the export folder to write"),
+    (["--run_dir=RUN", "--out=OUT", "--check=OUT"], "error: --check: expected either --out=DIR (export) or --check"),
+])
+def test_cli_bad_or_missing_flag_one_error_line(tmp_path, args, line):
+    """A bad value (absl's ``lower_bound`` once printed its "FATAL Flags parsing error") or a missing
+    required flag: one ``error: --flag: ...`` line naming the flag, exit code 1, no traceback,
+    nothing written (``ExportConfig``)."""
+    args = [a.replace("RUN", str(tmp_path / "run")).replace("OUT", str(tmp_path / "out")) for a in args]
+    proc = subprocess.run(export_cli(*args), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line), proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_makefile_export_commands_parse():
+    """``make demo``'s export and ``--check`` command lines, exactly as the Makefile has them, give
+    the ``ExportConfig`` they mean (the flags parsed as ``python -m uniclr_tf.export`` parses them)."""
+    import shlex
+
+    from absl import flags
+
+    from uniclr_tf import flagutil
+    lines = [line.split("-m uniclr_tf.export", 1)[1] for line in (REPO_ROOT / "Makefile").read_text().splitlines()
+             if "-m uniclr_tf.export " in line]
+    configs = []
+    for line in lines:
+        fv = flags.FlagValues()
+        export.define_flags(fv)
+        fv(["uniclr_tf.export", *shlex.split(line)])
+        configs.append(flagutil.config_from_flags(export.ExportConfig, fv))
+    assert configs == [export.ExportConfig(run_dir="runs/demo", out="runs/demo/export", overwrite=True),
+                       export.ExportConfig(run_dir="runs/demo", check="runs/demo/export")], configs
+
+
 def test_rest_client_against_standin_server(exported, tmp_path):
     client, standin = _load_module("client"), _load_module("standin_server")
     with standin.StandinServer(exported.out_dir, "uniclr", port=0) as server:

@@ -149,6 +149,8 @@ def released(tiny_run, tmp_path_factory):
         "nan_knn": [f"--run_dir={diverged}", f"--out={root / 'refused_nan_knn'}"],
         "missing": [f"--run_dir={root / 'no_such_run'}", f"--out={root / 'refused_missing'}"],
         "occupied": [f"--run_dir={run}", f"--out={occupied}"],
+        "no_out": [f"--run_dir={run}"],
+        "no_run_dir": [f"--out={root / 'refused_no_run_dir'}"],
     }
     no_tf = PythonJob(NO_TF_PROCESS.replace("ROOT", repr(str(root))), backend="jax")  # waits for out, out_grouped
     try:
@@ -301,6 +303,19 @@ def test_unfinished_or_broken_run_folders_are_refused_and_nothing_is_written(rel
     out = re.fullmatch(r"--out=(.*)", released.cli_args[case][1]).group(1)
     assert not os.path.lexists(out)  # nothing written: no folder, no temporary sibling
     assert not [n for n in os.listdir(released.root) if n.startswith(f".{os.path.basename(out)}.")]
+
+
+@pytest.mark.parametrize("case, line", [
+    ("no_out", "error: --out: expected the release folder to write; not given"),
+    ("no_run_dir", "error: --run_dir: expected the finished run folder written by uniclr_tf.train; not given"),
+])
+def test_a_missing_required_flag_is_one_error_line_naming_it(released, case, line):
+    """``ReleaseConfig`` refuses a missing ``--run_dir`` or ``--out`` as every CLI refuses a bad flag:
+    one ``error: --flag: ...`` line, exit code 1, no traceback, nothing written."""
+    result = released.cli[case]
+    assert result.returncode == 1, (result.stdout[-2000:], result.stderr[-2000:])
+    assert result.stderr.strip().splitlines() == [line]
+    assert not os.path.lexists(released.root / "refused_no_run_dir")
 
 
 def test_non_empty_out_is_refused_untouched_and_overwrite_replaces_it(released):

@@ -24,11 +24,14 @@ Make or extend a table on a GPU machine from the caches of runs made there
 """
 
 import base64
+import dataclasses
 import datetime
 import json
 import os
 import socket
 import sys
+
+from uniclr_tf.fields import flag
 
 TABLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autotune_tables")
 SUBDIR = "xla_gpu_per_fusion_autotune_cache_dir"  # where JAX points XLA's per-fusion autotune cache
@@ -159,16 +162,37 @@ def collect(cache_dirs, table_file, card, configs=()):
     return new, len(table["entries"])
 
 
+@dataclasses.dataclass(frozen=True)
+class AutotuneConfig:
+    """The flags of one ``python -m uniclr_tf.autotune`` invocation (its command and cache folders are
+    the words after them). Each field is a flag of the same name, declared with its help
+    (:func:`uniclr_tf.fields.flag`); the order is ``--help``'s (:data:`HELP_GROUPS`)."""
+
+    table: str = flag("", "collect: the table to extend; list: the table to show (default: the installed "
+                          "jaxlib's).")
+    card: str = flag("", "collect: the card's JAX device_kind (default: this machine's first device).")
+    configs: str = flag("", "collect: comma-separated names of what the runs trained (recorded).")
+
+    @property
+    def table_file(self):
+        """``--table``, else the installed jaxlib's shipped table."""
+        return self.table or table_path()
+
+
+#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.flagutil.group_fields`).
+HELP_GROUPS = [("collect and list", "table"), ("collect", "card")]
+
+
 def define_flags(flag_values=None):
-    """The flags of ``python -m uniclr_tf.autotune`` (defined when it runs, not on import)."""
-    from absl import flags
-    fv = flags.FLAGS if flag_values is None else flag_values  # an empty FlagValues is falsy
-    flags.DEFINE_string("table", "", "collect: the table to extend; list: the table to show (default: the "
-                        "installed jaxlib's).", flag_values=fv)
-    flags.DEFINE_string("card", "", "collect: the card's JAX device_kind (default: this machine's first device).",
-                        flag_values=fv)
-    flags.DEFINE_string("configs", "", "collect: comma-separated names of what the runs trained (recorded).",
-                        flag_values=fv)
+    """One flag per ``AutotuneConfig`` field, same name, same default, the help next to the field
+    (defined when the command runs, not on import)."""
+    from uniclr_tf import flagutil
+    flagutil.define_flags(AutotuneConfig, flag_values=flag_values)
+
+
+def config_from_flags(flag_values=None) -> AutotuneConfig:
+    from uniclr_tf import flagutil
+    return flagutil.config_from_flags(AutotuneConfig, flag_values)
 
 
 USAGE = ("usage: python -m uniclr_tf.autotune collect CACHE_DIR [CACHE_DIR ...] [--table=PATH] [--card=KIND] "
@@ -182,18 +206,22 @@ def _usage_error(message):
 
 
 def main(argv):
+    """absl's ``main``: the config from the flags, the words after them to :func:`run`."""
+    from uniclr_tf import flagutil
+    command, words = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
+    return run(flagutil.config_or_exit(AutotuneConfig), command, words)
+
+
+def run(cfg: AutotuneConfig, command, words):
     """``collect CACHE_DIR ...``: add the autotune results of JAX compilation caches (--compilation_cache_dir
     of runs) to a table; ``list``: the cards and entries of a table. Returns the exit code."""
-    from absl import flags
-    fv = flags.FLAGS
-    command, words = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
-    table_file = fv.table or table_path()
+    table_file = cfg.table_file
     if command == "collect":
         if not words:
             _usage_error("collect: name one or more JAX compilation cache folders")
-        return _collect(words, table_file, fv.card, fv.configs)
+        return _collect(words, table_file, cfg.card, cfg.configs)
     if command != "list" or words:
-        _usage_error(f"expected the command collect or list; received {' '.join(argv[1:]) or 'none'}")
+        _usage_error(f"expected the command collect or list; received {' '.join([command, *words]) or 'none'}")
     if not os.path.exists(table_file):
         print(f"{table_file}: no table", file=sys.stderr)
         return 1
@@ -221,7 +249,7 @@ def entry_point():
     """What ``python -m uniclr_tf.autotune`` does."""
     from uniclr_tf import flagutil
     define_flags()
-    flagutil.run_cli(__name__, __doc__, main, words=True)
+    flagutil.run_cli(__name__, __doc__, main, groups=flagutil.group_fields(AutotuneConfig, HELP_GROUPS), words=True)
 
 
 if __name__ == "__main__":

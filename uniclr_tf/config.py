@@ -28,6 +28,7 @@ from typing import ClassVar
 
 from uniclr_tf.data.spec import spec_forms
 from uniclr_tf.errors import UsageError
+from uniclr_tf.fields import flag, unset  # noqa: F401 - re-exported: config.flag, config.unset
 
 ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small")  # encoders.ENCODERS (no import here)
 OPTIMIZERS = ("lars", "sgd", "adamw")
@@ -40,24 +41,6 @@ ON_COLLAPSE = ("stop", "warn")
 # Fields of earlier versions that are method options now (config.json of older runs).
 _LEGACY_OPTION_FIELDS = ("temperature", "gamma", "eps", "whitening_mode", "stop_gradient_cov",
                          "whitening_groups", "symmetric_directions", "ema_momentum", "predictor")
-
-
-def flag(default, help, *, kind=None, many=False, choices=None):  # noqa: A002 - the flag's help
-    """A config field that is a flag of the same name: its ``default``, its ``--help`` text, and
-    (:mod:`uniclr_tf.flagutil`) ``kind``, the flag's type where the default does not tell it (None,
-    an empty tuple; of each element when ``many``: a comma-separated list), ``choices``: an enum flag."""
-    metadata = {"help": help}
-    if kind is not None:
-        metadata.update(kind=kind, many=many)
-    if choices:
-        metadata["choices"] = tuple(choices)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def unset(kind, help, many=False):  # noqa: A002
-    """A field whose default None means "the method's (or recipe's) value"; ``kind`` is the type of
-    its flag (of each element when ``many``)."""
-    return flag(None, help, kind=kind, many=many)
 
 
 class _Section:

@@ -40,11 +40,12 @@ version folders of ``<out>`` are kept (TF Serving picks up the new one), ``--ove
 only to replace an existing ``<out>/N``, and ``backbone.keras`` and ``export.json`` (the latest
 export's) are then replaced atomically.
 
-Only NumPy (and the standard-library :mod:`uniclr_tf.runs`) is imported at module level:
-:func:`check_images` serves ``export/client.py`` without TensorFlow or Keras.
+Only NumPy (and the standard-library :mod:`uniclr_tf.runs` and :mod:`uniclr_tf.fields`) is imported
+at module level: :func:`check_images` serves ``export/client.py`` without TensorFlow or Keras.
 """
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -55,6 +56,7 @@ import uuid
 import numpy as np
 
 from uniclr_tf.errors import UsageError
+from uniclr_tf.fields import check_field, flag, unset
 from uniclr_tf.runs import (CONFIG_FILE, DATASET_FILE, ENCODER_FILE, PROJECTOR_FILE, RunFolder, atomic_save,
                             atomic_write_json)
 
@@ -468,71 +470,101 @@ def check_export(export_dir, run_dir, num_images=8, seed=0, tolerance=DEFAULT_TO
 # --------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+    """Every setting of one ``python -m uniclr_tf.export`` invocation. Each field is a flag of the same
+    name, declared with its help (:func:`uniclr_tf.fields.flag`); the order is ``--help``'s
+    (:data:`HELP_GROUPS`)."""
+
+    run_dir: str = unset(str, "Run folder written by uniclr_tf.train (encoder.keras, projector.keras, "
+                              "dataset.json).")
+    out: str = unset(str, "Export folder (SavedModel, backbone.keras, export.json); must be missing or empty "
+                          "unless --overwrite.")
+    version: int = flag(0, "Write the SavedModel into <out>/<version> (TF Serving's numbered layout); 0 writes it "
+                           "into <out> itself.")
+    overwrite: bool = flag(False, "Replace a non-empty --out (with --version: a non-empty <out>/<version>) "
+                                  "entirely; without it such a folder is refused.")
+    force: bool = flag(False, "Export a run whose metrics.json says it collapsed (refused otherwise).")
+    check: str = unset(str, "Instead of exporting: reload the export folder in this process and compare it with "
+                            "the Keras models of --run_dir.")
+    num_check_images: int = flag(8, "Random uint8 images of the training size used by --check.")
+    tolerance: float = flag(DEFAULT_TOLERANCE, "--check fails above this max abs difference, times max(1, largest "
+                                               "|output|) where float32 rounding legitimately differs (SavedModel "
+                                               "graph vs eager Keras, resampled sizes, image alone vs batch); "
+                                               "backbone.keras must match within it unscaled.")
+
+    def __post_init__(self):
+        check_field(self, bool(self.run_dir), "run_dir", "the run folder written by uniclr_tf.train")
+        check_field(self, bool(self.out) or bool(self.check), "out",
+                    "the export folder to write (or --check=DIR to verify an export)")
+        check_field(self, not (self.out and self.check), "check",
+                    "either --out=DIR (export) or --check=DIR (verify an export), not both")
+        check_field(self, self.version >= 0, "version",
+                    "an integer >= 0 (TF Serving's version folder; 0: the SavedModel in --out itself)")
+        check_field(self, self.num_check_images >= 1, "num_check_images", "an integer >= 1")
+
+
+#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.flagutil.group_fields`).
+HELP_GROUPS = [("export (--out)", "run_dir"), ("verify an export (--check)", "check")]
+
+
 def define_flags(flag_values=None):
-    """The flags of ``python -m uniclr_tf.export`` (defined when it runs, not on import)."""
-    from absl import flags
-    fv = flags.FLAGS if flag_values is None else flag_values  # an empty FlagValues is falsy
-    flags.DEFINE_string("run_dir", None, "Run folder written by uniclr_tf.train (encoder.keras, "
-                        "projector.keras, dataset.json).", flag_values=fv)
-    flags.DEFINE_string("out", None, "Export folder (SavedModel, backbone.keras, export.json); must be missing "
-                        "or empty unless --overwrite.", flag_values=fv)
-    flags.DEFINE_boolean("overwrite", False, "Replace a non-empty --out (with --version: a non-empty "
-                         "<out>/<version>) entirely; without it such a folder is refused.", flag_values=fv)
-    flags.DEFINE_boolean("force", False, "Export a run whose metrics.json says it collapsed (refused otherwise).",
-                         flag_values=fv)
-    flags.DEFINE_integer("version", 0, "Write the SavedModel into <out>/<version> (TF Serving's numbered "
-                         "layout); 0 writes it into <out> itself.", lower_bound=0, flag_values=fv)
-    flags.DEFINE_string("check", None, "Instead of exporting: reload the export folder in this process "
-                        "and compare it with the Keras models of --run_dir.", flag_values=fv)
-    flags.DEFINE_integer("num_check_images", 8, "Random uint8 images of the training size used by --check.",
-                         lower_bound=1, flag_values=fv)
-    flags.DEFINE_float("tolerance", DEFAULT_TOLERANCE, "--check fails above this max abs difference, times "
-                       "max(1, largest |output|) where float32 rounding legitimately differs (SavedModel graph vs "
-                       "eager Keras, resampled sizes, image alone vs batch); backbone.keras must match "
-                       "within it unscaled.", flag_values=fv)
+    """One flag per ``ExportConfig`` field, same name, same default, the help next to the field
+    (defined when the command runs, not on import)."""
+    from uniclr_tf import flagutil
+    flagutil.define_flags(ExportConfig, flag_values=flag_values)
 
 
-def main(argv):
-    from absl import flags, logging
-    logging.set_verbosity(logging.WARNING)
-    fv = flags.FLAGS
-    if not fv.run_dir:
-        sys.exit("error: --run_dir is required (the run folder written by uniclr_tf.train)")
-    if bool(fv.out) == bool(fv.check):
-        sys.exit("error: give exactly one of --out=DIR (export) or --check=DIR (verify an export)")
+def config_from_flags(flag_values=None) -> ExportConfig:
+    from uniclr_tf import flagutil
+    return flagutil.config_from_flags(ExportConfig, flag_values)
+
+
+def run(cfg: ExportConfig):
+    """Exports (``--out``) or checks an export (``--check``) as ``cfg`` says and prints the outcome;
+    a refused run folder or export folder, or a failed write, stops with one ``error:`` line, a
+    failed check with exit code 1."""
     try:
-        check_run_dir(fv.run_dir, force=fv.force)
-        if fv.check:
-            find_saved_model(fv.check)
-            result = check_export(fv.check, fv.run_dir, num_images=fv.num_check_images, tolerance=fv.tolerance,
-                                  force=fv.force)
+        check_run_dir(cfg.run_dir, force=cfg.force)
+        if cfg.check:
+            find_saved_model(cfg.check)
+            result = check_export(cfg.check, cfg.run_dir, num_images=cfg.num_check_images, tolerance=cfg.tolerance,
+                                  force=cfg.force)
             for name, (diff, limit) in result["checks"].items():
                 print(f"max abs diff {name}: {diff:.3g} (limit {limit:.3g})")
             failed = [name for name, (diff, limit) in result["checks"].items() if diff > limit]
             print(f"{'OK' if result['ok'] else 'FAIL'}: SavedModel {result['saved_model_dir']} vs Keras models of "
-                  f"{fv.run_dir}: max abs diff {result['max_abs_diff']:.3g}"
+                  f"{cfg.run_dir}: max abs diff {result['max_abs_diff']:.3g}"
                   + (f"; over the limit: {', '.join(failed)}" if failed else ""))
             if not result["ok"]:
                 sys.exit(1)
         else:
-            meta = export_run(fv.run_dir, fv.out, version=fv.version or None, overwrite=fv.overwrite,
-                              force=fv.force)
-            where = os.path.join(fv.out, meta["saved_model_dir"]) if fv.version else fv.out
+            meta = export_run(cfg.run_dir, cfg.out, version=cfg.version or None, overwrite=cfg.overwrite,
+                              force=cfg.force)
+            where = os.path.join(cfg.out, meta["saved_model_dir"]) if cfg.version else cfg.out
             c, (h, w) = meta["channels"], meta["image_size"]
             print(f"SavedModel: {where} ({SIGNATURE}: {INPUT_NAME} uint8 [batch, height, width, {c}] "
                   f"(resampled to {h}x{w}) -> features [batch, {meta['feature_dim']}], embedding "
                   f"[batch, {meta['embedding_dim']}])")
-            print(f"backbone for fine-tuning: {os.path.join(fv.out, BACKBONE_FILE)}; "
-                  f"metadata: {os.path.join(fv.out, EXPORT_JSON)}")
+            print(f"backbone for fine-tuning: {os.path.join(cfg.out, BACKBONE_FILE)}; "
+                  f"metadata: {os.path.join(cfg.out, EXPORT_JSON)}")
     except (OSError, ValueError, RuntimeError) as e:
         sys.exit(f"error: {_first_line(e)}")
+
+
+def main(argv):
+    from absl import logging
+
+    from uniclr_tf import flagutil
+    logging.set_verbosity(logging.WARNING)
+    run(flagutil.config_or_exit(ExportConfig))
 
 
 def entry_point():
     """The ``uniclr-export`` console script (pyproject.toml): what ``python -m uniclr_tf.export`` does."""
     from uniclr_tf import flagutil
     define_flags()
-    flagutil.run_cli(__name__, __doc__, main)
+    flagutil.run_cli(__name__, __doc__, main, groups=flagutil.group_fields(ExportConfig, HELP_GROUPS))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """Flags from a frozen config dataclass: one flag per field, same name, same default.
 
-Only entry points call these (``train``, ``linear_eval``, ``finetune``): library code never reads
-flags. The dataclass validates itself, so a bad value stops with a message naming the flag. A
-field's help text is its metadata's ``"help"`` and an enum flag's values its ``"choices"``, both
-declared next to the field with ``config.flag``. A field whose default is None
-(``config.unset``) or an empty tuple declares its flag's type in its metadata (``"kind"``,
-``"many"``); a None default means "not given". A field whose type is itself a dataclass (a
-sub-config, e.g. ``TrainConfig.data``) is no flag: its fields are, under their own names
+Only entry points call these (``train``, ``linear_eval``, ``finetune``, ``export``, ``autotune``,
+``tools.release``, ``tools.folder_to_tfrecord``): library code never reads flags. The dataclass
+validates itself, so a bad value stops with a message naming the flag. A field's help text is its
+metadata's ``"help"`` and an enum flag's values its ``"choices"``, both declared next to the field
+with ``config.flag`` (:mod:`uniclr_tf.fields`). A field whose default is None (``config.unset``) or
+an empty tuple declares its flag's type in its metadata (``"kind"``, ``"many"``); a None default
+means "not given". A field whose type is itself a dataclass (a sub-config, e.g.
+``TrainConfig.data``) is no flag: its fields are, under their own names
 (:func:`leaf_fields`), and the config is built by its ``from_flat`` from the flat flag values.
 """
 
@@ -104,6 +105,15 @@ def config_from_flags(config_cls, flag_values=None):
     """Builds ``config_cls`` from the parsed flags (by its ``from_flat`` when it has sub-configs)."""
     values = config_values(config_cls, flag_values)
     return config_cls.from_flat(values) if hasattr(config_cls, "from_flat") else config_cls(**values)
+
+
+def config_or_exit(config_cls, flag_values=None):
+    """:func:`config_from_flags` in a ``main``: a bad or missing flag (``UsageError``) stops the
+    command with one ``error: --flag: ...`` line, exit code 1, no traceback."""
+    try:
+        return config_from_flags(config_cls, flag_values)
+    except UsageError as e:
+        sys.exit(f"error: {e}")
 
 
 def group_fields(config_cls, markers):

@@ -18,15 +18,17 @@ shard names, the count and the count per class. The tool prints the ``--dataset`
 """
 
 import collections
+import dataclasses
 import glob
 import json
 import math
 import os
 import sys
 
-from absl import flags, logging
+from absl import logging
 
 from uniclr_tf.errors import UsageError
+from uniclr_tf.fields import check_field, flag, unset
 
 _SHARD_BYTES = 128 * 2 ** 20
 
@@ -129,43 +131,70 @@ def convert(folder, out, shards=0, holdout_fraction=0.1, skip_bad_files=False, o
     return meta
 
 
+@dataclasses.dataclass(frozen=True)
+class FolderToTFRecordConfig:
+    """Every setting of one ``python -m uniclr_tf.tools.folder_to_tfrecord`` invocation. Each field is a
+    flag of the same name, declared with its help (:func:`uniclr_tf.fields.flag`); the order is
+    ``--help``'s (:data:`HELP_GROUPS`)."""
+
+    folder: str = unset(str, "The image folder (as for --dataset=folder:PATH).")
+    holdout_fraction: float = flag(0.1, "Fraction of each class held out for test when the folder has no test "
+                                        "sub-folder, in (0, 0.5].")
+    skip_bad_files: bool = flag(False, "Skip (and count) unreadable images instead of stopping.")
+    out: str = unset(str, "Output prefix, e.g. /data/pets: writes /data/pets-train-*.tfrecord, "
+                          "/data/pets-test-*.tfrecord and /data/pets.json.")
+    shards: int = flag(0, "Shards of the train split (the test split gets its share, at least 1); 0: one per "
+                          "128 MiB of image files.")
+    overwrite: bool = flag(False, "Replace the shards and JSON of an earlier conversion to the same --out.")
+
+    def __post_init__(self):
+        check_field(self, bool(self.folder), "folder", "the image folder to convert (as for --dataset=folder:PATH)")
+        check_field(self, 0 < self.holdout_fraction <= 0.5, "holdout_fraction", "a number in (0, 0.5]")
+        check_field(self, bool(self.out), "out", "the output prefix of the shards and JSON")
+        check_field(self, self.shards >= 0, "shards", "an integer >= 0")
+
+
+#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.flagutil.group_fields`).
+HELP_GROUPS = [("input (read as --dataset=folder: reads it)", "folder"), ("output", "out")]
+
+
 def define_flags(flag_values=None):
-    """The tool's flags (defined when it runs, not when the module is imported)."""
-    fv = flags.FLAGS if flag_values is None else flag_values  # an empty FlagValues is falsy
-    flags.DEFINE_string("folder", None, "The image folder (as for --dataset=folder:PATH).", flag_values=fv)
-    flags.DEFINE_string("out", None, "Output prefix, e.g. /data/pets: writes /data/pets-train-*.tfrecord, "
-                                     "/data/pets-test-*.tfrecord and /data/pets.json.", flag_values=fv)
-    flags.DEFINE_integer("shards", 0, "Shards of the train split (the test split gets its share, at least 1); "
-                                      "0: one per 128 MiB of image files.", flag_values=fv)
-    flags.DEFINE_float("holdout_fraction", 0.1, "Fraction of each class held out for test when the folder has no "
-                                                "test sub-folder, in (0, 0.5].", flag_values=fv)
-    flags.DEFINE_bool("skip_bad_files", False, "Skip (and count) unreadable images instead of stopping.",
-                      flag_values=fv)
-    flags.DEFINE_bool("overwrite", False, "Replace the shards and JSON of an earlier conversion to the same --out.",
-                      flag_values=fv)
+    """One flag per ``FolderToTFRecordConfig`` field, same name, same default, the help next to the
+    field (defined when the tool runs, not when the module is imported)."""
+    from uniclr_tf import flagutil
+    flagutil.define_flags(FolderToTFRecordConfig, flag_values=flag_values)
 
 
-def main(argv):
-    fv = flags.FLAGS
-    if not fv.folder or not fv.out:
-        sys.exit("error: --folder and --out are required")
+def config_from_flags(flag_values=None) -> FolderToTFRecordConfig:
+    from uniclr_tf import flagutil
+    return flagutil.config_from_flags(FolderToTFRecordConfig, flag_values)
+
+
+def run(cfg: FolderToTFRecordConfig):
+    """Converts as ``cfg`` says and prints the ``--dataset`` spec to train on; bad data or a refused
+    ``--out`` stops with one ``error:`` line."""
     from uniclr_tf.data.spec import DataError
-    logging.set_verbosity(logging.WARNING)  # the notes are printed
     try:
-        meta = convert(fv.folder, fv.out, fv.shards, fv.holdout_fraction, fv.skip_bad_files,
-                       fv.overwrite)
+        meta = convert(cfg.folder, cfg.out, cfg.shards, cfg.holdout_fraction, cfg.skip_bad_files, cfg.overwrite)
     except (DataError, ValueError) as e:
         sys.exit(f"error: {e}")
     parts = ", ".join(f"{s['count']} {name} images in {len(s['files'])} shard(s)" for name, s in meta["splits"].items())
     skipped = f" ({meta['num_skipped']} bad file(s) skipped)" if meta["num_skipped"] else ""
-    print(f"wrote {parts}{skipped} and {fv.out}.json\ntrain with --dataset={meta['spec']}")
+    print(f"wrote {parts}{skipped} and {cfg.out}.json\ntrain with --dataset={meta['spec']}")
+
+
+def main(argv):
+    from uniclr_tf import flagutil
+    cfg = flagutil.config_or_exit(FolderToTFRecordConfig)
+    logging.set_verbosity(logging.WARNING)  # the notes are printed
+    run(cfg)
 
 
 def entry_point():
     """What ``python -m uniclr_tf.tools.folder_to_tfrecord`` does."""
     from uniclr_tf import flagutil
     define_flags()
-    flagutil.run_cli(__name__, __doc__, main)
+    flagutil.run_cli(__name__, __doc__, main, groups=flagutil.group_fields(FolderToTFRecordConfig, HELP_GROUPS))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ Only NumPy and the standard-library run-folder reader are imported before the ch
 immediate.
 """
 
+import dataclasses
 import datetime
 import hashlib
 import importlib.util
@@ -51,6 +52,7 @@ import sys
 import numpy as np
 
 from uniclr_tf import export
+from uniclr_tf.fields import check_field, flag, unset
 from uniclr_tf.runs import (CONFIG_FILE, DATASET_FILE, ENCODER_FILE, PROJECTOR_FILE, RunFolder, RunFolderError,
                             atomic_write_json, atomic_write_text)
 
@@ -432,49 +434,72 @@ def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print, 
 # --------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class ReleaseConfig:
+    """Every setting of one ``python -m uniclr_tf.tools.release`` invocation. Each field is a flag of the
+    same name, declared with its help (:func:`uniclr_tf.fields.flag`); the order is ``--help``'s
+    (:data:`HELP_GROUPS`)."""
+
+    run_dir: str = unset(str, "The finished run folder written by uniclr_tf.train (metrics.json with status "
+                              "finished, encoder.keras, projector.keras, dataset.json, config.json).")
+    out: str = unset(str, "The release folder; must be missing or empty unless --overwrite.")
+    overwrite: bool = flag(False, "Replace a non-empty --out entirely (once the new release is complete); without "
+                                  "it such a folder is refused.")
+    force: bool = flag(False, "Release a run whose metrics.json says it collapsed (refused otherwise).")
+    saved_model: bool = flag(True, "Also write saved_model/ (the TF SavedModel of uniclr_tf.export; needs "
+                                   "TensorFlow: left out with a note where it is not installed).")
+
+    def __post_init__(self):
+        check_field(self, bool(self.run_dir), "run_dir", "the finished run folder written by uniclr_tf.train")
+        check_field(self, bool(self.out), "out", "the release folder to write")
+
+
+#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.flagutil.group_fields`).
+HELP_GROUPS = [("the run and the release folder", "run_dir"), ("what the release holds", "saved_model")]
+
+
 def define_flags(flag_values=None):
-    """The flags of ``python -m uniclr_tf.tools.release`` (defined when it runs, not on import)."""
-    from absl import flags
-    fv = flags.FLAGS if flag_values is None else flag_values  # an empty FlagValues is falsy
-    flags.DEFINE_string("run_dir", None, "The finished run folder written by uniclr_tf.train (metrics.json with "
-                        "status finished, encoder.keras, projector.keras, dataset.json, config.json).", flag_values=fv)
-    flags.DEFINE_string("out", None, "The release folder; must be missing or empty unless --overwrite.",
-                        flag_values=fv)
-    flags.DEFINE_boolean("overwrite", False, "Replace a non-empty --out entirely (once the new release is "
-                         "complete); without it such a folder is refused.", flag_values=fv)
-    flags.DEFINE_boolean("force", False, "Release a run whose metrics.json says it collapsed (refused otherwise).",
-                         flag_values=fv)
-    flags.DEFINE_boolean("saved_model", True, "Also write saved_model/ (the TF SavedModel of uniclr_tf.export; "
-                         "needs TensorFlow: left out with a note where it is not installed).", flag_values=fv)
+    """One flag per ``ReleaseConfig`` field, same name, same default, the help next to the field
+    (defined when the command runs, not on import)."""
+    from uniclr_tf import flagutil
+    flagutil.define_flags(ReleaseConfig, flag_values=flag_values)
 
 
-def main(argv):
-    from absl import flags, logging
-    logging.set_verbosity(logging.WARNING)
-    fv = flags.FLAGS
-    if not fv.run_dir:
-        sys.exit("error: --run_dir is required (the finished run folder written by uniclr_tf.train)")
-    if not fv.out:
-        sys.exit("error: --out is required (the release folder to write)")
+def config_from_flags(flag_values=None) -> ReleaseConfig:
+    from uniclr_tf import flagutil
+    return flagutil.config_from_flags(ReleaseConfig, flag_values)
+
+
+def run(cfg: ReleaseConfig):
+    """Releases the run as ``cfg`` says and prints what was written; a refusal or a failed
+    self-check stops with one ``error:`` line."""
     try:
-        result = release_run(fv.run_dir, fv.out, overwrite=fv.overwrite, saved_model=fv.saved_model,
-                             force=fv.force)
+        result = release_run(cfg.run_dir, cfg.out, overwrite=cfg.overwrite, saved_model=cfg.saved_model,
+                             force=cfg.force)
     except (OSError, ValueError, RuntimeError) as e:
         sys.exit(f"error: {e}")
     total = sum(result["files"].values())
     listed = ", ".join(n for n in sorted(result["files"]) if "/" not in n)
-    print(f"released {fv.run_dir} -> {fv.out}: {len(result['files'])} files, {total / 2 ** 20:.1f} MB ({listed}"
+    print(f"released {cfg.run_dir} -> {cfg.out}: {len(result['files'])} files, {total / 2 ** 20:.1f} MB ({listed}"
           + (f", {SAVED_MODEL_DIR}/" if result["saved_model"] is None else "") + ")")
     if result["knn_top1"] is not None:
-        print(f"kNN top-1 {result['knn_top1']:.4f}; see {os.path.join(fv.out, CARD_FILE)}")
-    print(f"verify with: cd {fv.out} && sha256sum -c {SUMS_FILE}")
+        print(f"kNN top-1 {result['knn_top1']:.4f}; see {os.path.join(cfg.out, CARD_FILE)}")
+    print(f"verify with: cd {cfg.out} && sha256sum -c {SUMS_FILE}")
+
+
+def main(argv):
+    from absl import logging
+
+    from uniclr_tf import flagutil
+    logging.set_verbosity(logging.WARNING)
+    run(flagutil.config_or_exit(ReleaseConfig))
 
 
 def entry_point():
     """What ``python -m uniclr_tf.tools.release`` does."""
     from uniclr_tf import flagutil
     define_flags()
-    flagutil.run_cli(__name__, __doc__, main)
+    flagutil.run_cli(__name__, __doc__, main, groups=flagutil.group_fields(ReleaseConfig, HELP_GROUPS))
 
 
 if __name__ == "__main__":
