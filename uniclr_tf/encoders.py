@@ -54,6 +54,10 @@ class GroupBatchNormalization(layers.BatchNormalization):
     one all-reduce per BN layer in the forward pass instead of two dependent ones.
     """
 
+    #: ``get_config`` keys beyond ``BatchNormalization``'s: how training takes the statistics; inference
+    #: is plain batch norm (``tools.release`` drops them to make a portable copy).
+    TRAINING_OPTIONS = ("groups", "one_pass")
+
     def __init__(self, groups=1, one_pass=False, **kwargs):
         super().__init__(**kwargs)
         if int(groups) < 1:
@@ -94,7 +98,7 @@ class GroupBatchNormalization(layers.BatchNormalization):
         return ops.cast(ops.reshape(out, ops.shape(x)), self.compute_dtype)
 
     def get_config(self):
-        return {**super().get_config(), "groups": self.groups, "one_pass": self.one_pass}
+        return {**super().get_config(), **{key: getattr(self, key) for key in self.TRAINING_OPTIONS}}
 
 
 def batch_norm(synchronized=False, name=None, **kwargs):

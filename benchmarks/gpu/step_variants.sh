@@ -12,7 +12,7 @@
 #   onepass g4 with --batch_norm=global_one_pass (one all-reduce for both BN statistics)
 #   lhs     g4 with XLA's latency-hiding scheduler   perdev  g4 with --batch_norm=per_device
 #   p4      4 processes x 1 GPU
-# Each variant is ~2.5 minutes (one compile, then the compilation cache): split VARIANTS over calls.
+# Each variant is ~2.5 minutes (one compile, then the compilation cache): split VARIANTS over several invocations.
 # Output in $OUT (default /tmp/step-variants): variants.json, variants.log, traces.tar.gz (trace summaries).
 set -u
 cd "$(dirname "$0")/../.."

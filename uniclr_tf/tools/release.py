@@ -149,6 +149,8 @@ def portable_backbone(encoder):
     statistics at ``training=False``). ``encoder`` itself when there is none (``replaced`` = 0)."""
     import keras
 
+    from uniclr_tf.encoders import GroupBatchNormalization
+
     replaced = sum(_needs_plain_bn(layer) for layer in _layers(encoder))
     if not replaced:
         return encoder, 0
@@ -156,8 +158,8 @@ def portable_backbone(encoder):
     def plain(layer):
         config = layer.get_config()
         if _needs_plain_bn(layer):
-            config.pop("groups", None)
-            config.pop("one_pass", None)  # training-only options of GroupBatchNormalization
+            for key in GroupBatchNormalization.TRAINING_OPTIONS:
+                config.pop(key, None)
             config["synchronized"] = False
             return keras.layers.BatchNormalization.from_config(config)
         return layer.__class__.from_config(config)
