@@ -115,3 +115,98 @@ def test_vit_run_exports_a_savedmodel_that_matches_keras(tmp_path):
     result = export.check_export(out_dir, run_dir, num_images=4)
     assert result["ok"], result["checks"]
     assert {"train_size/features", "train_size/embedding", "backbone.keras/features"} <= set(result["checks"])
+
+
+def test_config_lists_the_same_encoders():
+    from uniclr_tf import config
+    assert config.ENCODERS == encoders.ENCODERS
+
+
+def _batch_norms(model):
+    return [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+
+
+def test_hub_resnet18_builds_saves_reloads_and_clones(tmp_path):
+    """Keras Hub's ResNet-18 (ImageNet stem: 7x7 stride-2 conv, max-pool) pools 512-d features at any image
+    size; its saved file holds Keras core layers only (it reloads without Keras Hub), and clone_model (an
+    EMA target) gives the same outputs with the same weights."""
+    pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    model = encoders.build_encoder("hub_resnet18", (64, 64, 3))
+    x = _images(64, 3)
+    features = np.asarray(model(x, training=False))
+    assert features.shape == (2, 512) and np.all(np.isfinite(features))
+    assert model(_images(32, 3), training=False).shape == (2, 512)  # local crops: spatial size left free
+    convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)]
+    assert convs[0].kernel_size == (7, 7) and convs[0].strides == (2, 2)
+    assert any(isinstance(layer, keras.layers.MaxPooling2D) for layer in model.layers)
+    assert len(_batch_norms(model)) == 20  # stem + 2 per basic block x 8 + 3 shortcut projections
+    # torchvision's ResNet-18 without its classifier: 11,176,512 weights, + 2 x 4,800 BN moving statistics
+    assert model.count_params() == 11_176_512 + 2 * 4_800
+
+    model.save(tmp_path / "encoder.keras")
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "encoder.keras") as archive:
+        assert b"keras_hub" not in archive.read("config.json")
+    reloaded = keras.saving.load_model(tmp_path / "encoder.keras", compile=False)
+    np.testing.assert_allclose(np.asarray(reloaded(x, training=False)), features, rtol=1e-5, atol=1e-5)
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    np.testing.assert_allclose(np.asarray(clone(x, training=False)), features, rtol=1e-5, atol=1e-5)
+
+    with pytest.raises(ValueError, match="fixed width"):
+        encoders.build_encoder("hub_resnet18", (64, 64, 3), width=32)
+
+
+@pytest.mark.parametrize("name", ["hub_resnet50", "resnet50"])
+def test_other_libraries_backbones_follow_the_batch_norm_option(name):
+    """Keras Hub's and keras.applications' ResNet-50: inside ``batch_norm_groups`` (``--batch_norm=per_device``
+    or ``global_one_pass`` on JAX) every batch norm becomes a GroupBatchNormalization with that setting, as in
+    our own backbones; outside, they stay Keras' own. 2048-d features either way."""
+    if name.startswith("hub_"):
+        pytest.importorskip("keras_hub")
+    plain = encoders.build_encoder(name, (64, 64, 3))
+    assert plain.output_shape == (None, 2048)
+    assert not any(isinstance(b, encoders.GroupBatchNormalization) for b in _batch_norms(plain))
+    with encoders.batch_norm_groups(2):
+        grouped = encoders.build_encoder(name, (64, 64, 3))
+    with encoders.batch_norm_groups(1, one_pass=True):
+        one_pass = encoders.build_encoder(name, (64, 64, 3))
+    assert len(_batch_norms(grouped)) == len(_batch_norms(one_pass)) == len(_batch_norms(plain)) == 53
+    assert all(isinstance(b, encoders.GroupBatchNormalization) and b.groups == 2 and not b.one_pass
+               for b in _batch_norms(grouped))
+    assert all(b.groups == 1 and b.one_pass for b in _batch_norms(one_pass))
+    assert [b.epsilon for b in _batch_norms(grouped)] == [b.epsilon for b in _batch_norms(plain)]
+    assert grouped.count_params() == plain.count_params()
+
+
+def test_hub_resnet_trains_with_an_ema_target():
+    """BYOL (an EMA target cloned from the encoder) trains Keras Hub's ResNet-18 for 2 steps at 64 px."""
+    pytest.importorskip("keras_hub")
+    from uniclr_tf import heads, methods
+    from uniclr_tf.model import UniCLR
+
+    keras.utils.set_random_seed(0)
+    method = methods.get("byol")()
+    encoder = encoders.build_encoder("hub_resnet18", (64, 64, 3))
+    model = UniCLR(encoder, method.build_projector(512, (32, 16)), heads.predictor(16, 32), method=method,
+                   ema_total_steps=10)
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
+    views = (_images(64, 3, batch=8), _images(64, 3, batch=8) + 0.1)
+    before = [np.asarray(w) for w in model.target_encoder.weights]
+
+    def data():
+        while True:
+            yield views
+
+    history = model.fit(data(), epochs=1, steps_per_epoch=2, verbose=0).history
+    assert np.all(np.isfinite(history["objective_loss"]))
+    assert any(not np.allclose(a, b) for a, b in zip(before, [np.asarray(w) for w in model.target_encoder.weights]))
+
+
+def test_keras_hub_encoders_say_what_is_missing(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "keras_hub", None)  # import keras_hub -> ImportError
+    for name in ("hub_resnet18", "vit_tiny"):
+        with pytest.raises(ValueError, match=f"--encoder={name} needs Keras Hub"):
+            encoders.build_encoder(name, (64, 64, 3))

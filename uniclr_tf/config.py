@@ -30,7 +30,8 @@ from uniclr_tf.data.spec import spec_forms
 from uniclr_tf.errors import UsageError
 from uniclr_tf.fields import flag, unset  # noqa: F401 - re-exported: config.flag, config.unset
 
-ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small")  # encoders.ENCODERS (no import here)
+# encoders.ENCODERS (no import here)
+ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small", "hub_resnet18", "hub_resnet50")
 OPTIMIZERS = ("lars", "sgd", "adamw")
 PRECISIONS = ("float32", "bfloat16", "float16")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "data_parallel")

@@ -1,4 +1,5 @@
-"""Backbones: CIFAR-style ResNet-18, ResNet-50 (224 px), a small CPU encoder and a tiny one for tests.
+"""Backbones: CIFAR-style ResNet-18, ResNet-50 (224 px), Keras Hub's ResNets and ViTs, a small CPU encoder
+and a tiny one for tests.
 
 Every builder returns a functional ``keras.Model`` mapping normalised float images
 ``[B, H, W, C]`` to pooled features ``[B, F]``. Spatial sizes are left free (``(None, None, C)``)
@@ -15,10 +16,13 @@ from keras import layers, ops
 
 from uniclr_tf.errors import UsageError
 
-ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small")
+ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small", "hub_resnet18", "hub_resnet50")
 STEMS = ("auto", "cifar", "imagenet")
 # Keras Hub ViTs (randomly initialised): (hidden size, layers, heads, MLP size), DeiT-Tiny / -Small.
 VITS = {"vit_tiny": (192, 12, 3, 768), "vit_small": (384, 12, 6, 1536)}
+# Keras Hub ResNets (ImageNet stem, randomly initialised): blocks per stage and block type, as its
+# resnet_18 / resnet_50 presets (ResNet v1: no pre-activation).
+HUB_RESNETS = {"hub_resnet18": ((2, 2, 2, 2), "basic_block"), "hub_resnet50": ((3, 4, 6, 3), "bottleneck_block")}
 
 _BN_GROUPS = contextvars.ContextVar("uniclr_tf_bn_groups", default=(1, False))
 
@@ -190,14 +194,44 @@ def resnet50(input_shape=(224, 224, 3), synchronized_bn=False, name="resnet50"):
     """ResNet-50 from ``keras.applications`` (random init, ``weights=None``), pooled 2048-d features."""
     base = keras.applications.ResNet50(weights=None, include_top=False, pooling="avg",
                                        input_shape=(None, None, input_shape[-1]))
-    if synchronized_bn:
-        def clone_fn(layer):
-            cfg = layer.get_config()
-            if isinstance(layer, layers.BatchNormalization):
-                cfg["synchronized"] = keras.backend.backend() == "tensorflow"
-            return layer.__class__.from_config(cfg)
-        base = keras.models.clone_model(base, clone_function=clone_fn)
-    return keras.Model(base.inputs, base.outputs, name=name)
+    return with_our_batch_norm(keras.Model(base.inputs, base.outputs, name=name), synchronized_bn)
+
+
+def with_our_batch_norm(model, synchronized_bn=False):
+    """``model`` (functional) with each ``BatchNormalization`` rebuilt by :func:`batch_norm`'s rules, its
+    own momentum and epsilon kept: synchronised under TF ``MirroredStrategy`` with ``synchronized_bn``,
+    a :class:`GroupBatchNormalization` inside :func:`batch_norm_groups` (``--batch_norm=per_device`` or
+    ``global_one_pass``), so a backbone built by another library follows ``--batch_norm`` as ours do.
+    Returns ``model`` itself when nothing changes."""
+    groups, one_pass = _BN_GROUPS.get()
+    synchronized = bool(synchronized_bn) and keras.backend.backend() == "tensorflow"
+    if groups == 1 and not one_pass and not synchronized:
+        return model
+
+    def clone_fn(layer):
+        cfg = layer.get_config()
+        if isinstance(layer, layers.BatchNormalization):
+            if groups > 1 or one_pass:
+                return GroupBatchNormalization.from_config({**cfg, "groups": groups, "one_pass": one_pass})
+            cfg["synchronized"] = True
+        return layer.__class__.from_config(cfg)
+
+    return keras.models.clone_model(model, clone_function=clone_fn)
+
+
+def hub_resnet(name, input_shape, synchronized_bn=False):
+    """A Keras Hub ``ResNetBackbone`` (``HUB_RESNETS[name]``: ResNet-18 or -50 v1 with the ImageNet stem,
+    7×7 conv stride 2 and max-pool, for images of 64 px and more), randomly initialised (no preset, no
+    download), global-average pooled: 512 / 2048-d features. Its layers are Keras core layers, so the
+    saved encoder loads without Keras Hub; batch norm follows ``--batch_norm`` (:func:`with_our_batch_norm`)."""
+    keras_hub = _keras_hub(name)
+    blocks, block_type = HUB_RESNETS[name]
+    backbone = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[7], stackwise_num_filters=[64, 128, 256, 512],
+        stackwise_num_blocks=list(blocks), stackwise_num_strides=[1, 2, 2, 2], block_type=block_type,
+        use_pre_activation=False, image_shape=(None, None, input_shape[-1]))
+    features = layers.GlobalAveragePooling2D(name="pool")(backbone.output)
+    return with_our_batch_norm(keras.Model(backbone.inputs, features, name=name), synchronized_bn)
 
 
 def resnet18_stem(stem, image_size):
@@ -277,13 +311,24 @@ class ViTPatchEmbedding(layers.Layer):
                 "hidden_dim": self.hidden_dim}
 
 
+def _keras_hub(encoder):
+    """Keras Hub, a dependency of the ``vit_*`` and ``hub_*`` encoders only; a clear error without it."""
+    try:
+        import keras_hub
+    except ImportError as error:
+        raise UsageError(f"--encoder={encoder} needs Keras Hub, which is not installed ({error}): "
+                         "pip install --no-deps keras-hub==0.32.0 regex tokenizers (docs/stack.md says why "
+                         "--no-deps)") from error
+    return keras_hub
+
+
 def vit(name, input_shape, dims=None):
     """A ViT: :class:`ViTPatchEmbedding` (patch from :func:`vit_patch_size`) then Keras Hub's
     ``ViTEncoder`` (the transformer blocks and final layer norm of its ``ViTBackbone``, random init:
     no download), pooled as the class token. ``dims``: ``(hidden size, layers, heads, MLP size)``,
     default ``VITS[name]``. Its position embeddings fix the input size: global views only (no
     multi-crop)."""
-    # A dependency of the ViT encoders only; keras-hub 0.32 does not export ViTEncoder in its API.
+    _keras_hub(name)  # keras-hub 0.32 does not export ViTEncoder in its API
     from keras_hub.src.models.vit.vit_layers import ViTEncoder
 
     hidden, depth, heads_, mlp = dims or VITS[name]
@@ -312,6 +357,10 @@ def build_encoder(name, input_shape, width=None, synchronized_bn=False, stem="au
         if width:
             raise UsageError(f"--encoder_width: {name} has a fixed width; received {width}")
         return vit(name, input_shape)
+    if name in HUB_RESNETS:
+        if width not in (None, 64):
+            raise UsageError(f"--encoder_width: {name} has a fixed width; received {width}")
+        return hub_resnet(name, input_shape, synchronized_bn=synchronized_bn)
     if name == "tiny":
         return tiny_encoder(input_shape, width=width or 16, synchronized_bn=synchronized_bn)
     if name == "small":
