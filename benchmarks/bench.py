@@ -9,6 +9,8 @@ every repetition ends by waiting for the device, so asynchronous dispatch is cou
 * (a) ``a_model_only``: the compiled train step alone, on device-resident, already augmented views
   (a few batches rotated, so no input cost at all). The model is ``train.build_model`` +
   ``train.build_optimizer`` (``--optimizer``, LARS by default) under the ``--precision`` policy, the real training model.
+  On JAX also ``flops_per_image`` (XLA's count for the compiled step) and ``mfu`` against ``--peak_tflops``
+  (default: an H100 / H200's dense bf16 peak); ``benchmarks/torch_r50_peer.py`` is its PyTorch peer at 224 px.
 * (b) ``b_host_aug``: end to end with the views made on the host. TensorFlow backend:
   ``data.pretrain_dataset`` with the ``ViewAugmenter`` mapped in tf.data (exactly what
   ``train --augment_on=host`` runs). JAX backend (no TensorFlow on the GPU machine): the same
@@ -93,6 +95,8 @@ def define_flags():
     flags.DEFINE_integer("objective_iters", 20, "Section d: calls per timed repetition.")
     flags.DEFINE_bool("jit_compile", False, "TensorFlow backend: compile the step with XLA.")
     flags.DEFINE_integer("seed", 0, "Random seed.")
+    flags.DEFINE_float("peak_tflops", 0.0, "Section a's MFU: the device's peak TFLOP/s (0: the dense bf16 peak of "
+                       "an H100 / H200 when the device is one; else no MFU).")
     flags.DEFINE_string("label", "", "Free-form label stored in the JSON.")
     flags.DEFINE_string("out", "", "Write the JSON here (default: benchmarks/bench-<backend>-<HxWxC>.json).")
 
@@ -222,6 +226,22 @@ def build_training_model(shape, mean, std):
     return cfg, model, host_aug
 
 
+# Dense bf16 peak of the cards the GPU runs use (NVIDIA's data sheets, without sparsity), TFLOP/s.
+PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4}
+
+
+def model_flops_utilisation(step_flops, batch, images_per_s, device):
+    """``flops_per_image`` (XLA's count for the compiled step / the batch) and, on a card of
+    ``PEAK_BF16_TFLOPS`` or with ``--peak_tflops``, ``mfu``: achieved FLOP/s over that peak."""
+    if not step_flops:
+        return {}
+    out = {"flops_per_image": step_flops / batch}
+    peak = FLAGS.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in str(device)), 0.0)
+    if peak:
+        out.update(peak_tflops=peak, mfu=images_per_s * out["flops_per_image"] / (peak * 1e12))
+    return out
+
+
 class JaxStepper:
     """The model's JAX ``train_step``, jitted (ahead of time, per input structure), state threaded."""
 
@@ -239,6 +259,7 @@ class JaxStepper:
         self.jitted = jax.jit(model.train_step, donate_argnums=0)
         self.compiled = {}
         self.memory = {}
+        self.flops = {}
 
     def _key(self, data):
         leaves = self.jax.tree_util.tree_leaves(data)
@@ -256,6 +277,12 @@ class JaxStepper:
                 "generated_code_size_in_bytes") if hasattr(m, k)}
         except Exception as e:  # not every platform reports it
             self.memory[name] = {"error": f"{type(e).__name__}: {e}"}
+        try:  # XLA's count of the step's floating-point operations (for MFU)
+            cost = compiled.cost_analysis()
+            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+            self.flops[name] = float(cost["flops"])
+        except Exception:  # noqa: BLE001 - not every platform reports it
+            pass
         return seconds
 
     def __call__(self, data):
@@ -276,6 +303,7 @@ class TfStepper:
 
         self.fn = tf.function(model.train_step, jit_compile=FLAGS.jit_compile, reduce_retracing=True)
         self.memory = {}
+        self.flops = {}
 
     def compile(self, name, data):
         t = time.perf_counter()
@@ -294,7 +322,8 @@ def timed(stepper, next_batch, steps, reps, warmup, batch):
     """Warm-up, then ``reps`` repetitions of ``steps`` steps; ``next_batch() -> (data, wait_s)``."""
     for _ in range(warmup):
         stepper(next_batch()[0])
-    loss = stepper.sync()
+    if warmup:
+        stepper.sync()
     timer = Timer()
     track_wait = True
     for _ in range(reps):
@@ -639,6 +668,8 @@ def run_bench():
             compile_s = stepper.compile("views", resident[0])
             r = timed(stepper, cycle(resident), steps, reps, warm, batch)
             r["compile_s"] = compile_s
+            r.update(model_flops_utilisation(stepper.flops.get("views"), batch, r["images_per_s"],
+                                             result["environment"]["device"]))
             result["a_model_only"] = r
             save(result)
             print(f"   {r['images_per_s']:.0f} images/s", flush=True)

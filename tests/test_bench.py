@@ -62,6 +62,25 @@ def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
     assert 0 < result["ratios"]["c_device_aug/a_model_only"]
 
 
+def test_jax_bench_reports_the_steps_flops_and_mfu(tmp_path):
+    """Section a on JAX: XLA's FLOP count of the compiled step per image, and the MFU against
+    ``--peak_tflops``; per image, so it follows the image area (the convolutions), not the batch."""
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    sections = {}
+    for side in (16, 32):
+        out = tmp_path / f"bench{side}.json"
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--quick", "--sections=a", "--peak_tflops=2",
+                               f"--image_shape={side},{side},3", f"--out={out}"],
+                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        sections[side] = json.loads(out.read_text())["a_model_only"]
+    small, large = sections[16], sections[32]
+    assert small["flops_per_image"] > 0 and small["peak_tflops"] == 2
+    assert small["mfu"] == pytest.approx(small["images_per_s"] * small["flops_per_image"] / 2e12)
+    assert 3 < large["flops_per_image"] / small["flops_per_image"] < 4.5  # ~4x: the convolutions dominate
+
+
 def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(tmp_path):
     """benchmarks.epoch_gap on a real (tiny, JAX) run: every piece of the epoch boundary is timed, the
     variant is applied and recorded; then cli_vs_bench --summarise reads the same run folder."""
