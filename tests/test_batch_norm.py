@@ -109,10 +109,17 @@ def test_per_device_and_one_pass_batch_norm_remove_bn_all_reduces(tmp_path):
     """The real data-parallel train step (JAX, 2 devices), compiled: global BN all-reduces every BN
     layer's statistics forward and its sums backward (25 all-reduces here: tiny encoder 3 + projector
     2 BN layers), per-device BN none of them (the moving statistics' means ride in the gradient
-    all-reduce: 5 here), one-pass global BN the same statistics with 2 fewer per BN layer."""
+    all-reduce: 5 here), one-pass global BN the same statistics with 2 fewer per BN layer; and in every
+    mode no batch rows move between devices."""
     with concurrent.futures.ThreadPoolExecutor(3) as pool:  # at the same time: 3 compiles in ~30 s on 2 cores
         global_bn, per_device, one_pass = pool.map(lambda bn: collectives(tmp_path, bn),
                                                    ("global", "per_device", "global_one_pass"))
     assert global_bn["all-reduce"] >= per_device["all-reduce"] + 10, (global_bn, per_device)
     assert per_device["all-reduce"] <= 6, per_device
     assert per_device["all-reduce"] < one_pass["all-reduce"] <= global_bn["all-reduce"] - 2 * 5, (global_bn, one_pass)
+    # Whatever the batch norm, no rows of the batch move between devices: the views are interleaved
+    # (model._interleave), the positives read without a gather; what crosses is the second view's
+    # embeddings (1 all-gather) and the affinity's blocks for A - A^T (all-to-alls, the symmetric loss).
+    for counts in (global_bn, per_device, one_pass):
+        assert counts.get("collective-permute", 0) == 0 and counts.get("all-gather", 0) <= 1, counts
+        assert counts.get("all-to-all", 0) <= 2, counts

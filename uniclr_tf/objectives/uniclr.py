@@ -76,9 +76,17 @@ def _frobenius(x):
     return ops.where(positive, ops.sqrt(safe), ops.zeros_like(sq))
 
 
+def _diagonal(a):
+    """The diagonal of a square ``a`` as a masked row sum (exactly ``ops.diagonal``: the other terms are
+    zeros): on a row-sharded ``A`` every device keeps its rows' entries, where a gather of the diagonal
+    made XLA all-gather its indices and scatter-add the gradient across devices."""
+    n = a.shape[0] if a.shape[0] is not None else ops.shape(a)[0]
+    return ops.sum(a * ops.eye(n, dtype=a.dtype), axis=1)
+
+
 def _cross_entropy_diagonal(a):
     """Mean over rows of the cross-entropy of logits ``a`` [N, N] with targets ``0..N−1``."""
-    return ops.mean(ops.logsumexp(a, axis=1) - ops.diagonal(a))
+    return ops.mean(ops.logsumexp(a, axis=1) - _diagonal(a))
 
 
 def _affinity_objective(a, gamma, symmetric_directions, return_terms=False):
