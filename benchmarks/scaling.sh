@@ -25,7 +25,8 @@
 # NCCL_DEBUG=INFO by default: the per-run summary lists the transports NCCL chose (P2P over NVLink, SHM...).
 # Knobs: EPOCHS (4), LIMIT (100 s per run), ONLY, PER_GPU (512), STRONG (1024), PARITY_BATCH (1024),
 # P1_GPUS, P2_GPUS, RUNS (/tmp/scaling), PYTHON (python3), EXTRA (train flags placed right after the
-# flagfile, e.g. a smaller model), CPU_DEVICES=1 (CPU smoke test: each run gets as many XLA CPU devices as
+# flagfile, e.g. a smaller model), TAIL (train flags placed last: they override these defaults, e.g.
+# --knn_every=1), CPU_DEVICES=1 (CPU smoke test: each run gets as many XLA CPU devices as
 # GPUs named, --xla_force_host_platform_device_count).
 # On 4 H100s each run is about 25 s of XLA compile (the compilation cache at /tmp/xla-cache shortens runs
 # that share a computation) + ~15 s of start-up and final kNN + EPOCHS epochs of 60,000 images (~1.3 s on
@@ -43,6 +44,7 @@ P2_GPUS=${P2_GPUS:-1,2}
 RUNS=${RUNS:-/tmp/scaling}
 PY=${PYTHON:-python3}
 EXTRA=${EXTRA:-}
+TAIL=${TAIL:-}
 export KERAS_BACKEND=jax PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 export NCCL_DEBUG=${NCCL_DEBUG:-INFO}  # into each run's log: the NCCL version and the transport between GPUs
 LOGS=$RUNS/logs
@@ -51,7 +53,7 @@ T0=$SECONDS
 # shellcheck disable=SC2086
 COMMON=(--flagfile=configs/paper/fashion_mnist_simaffinity.flags $EXTRA --augment_on=device --epochs="$EPOCHS" --warmup_epochs=1
         --knn_every=0 --knn_max_train=5000 --nopictures --compilation_cache_dir=/tmp/xla-cache
-        --run_dir="$RUNS" --overwrite --verbose=2)
+        --run_dir="$RUNS" --overwrite --verbose=2 $TAIL)
 NOISE="donated buffers were not usable|warnings.warn\\(|^ *$|oneDNN custom operations|absl::InitializeLog|was passed, but will be ignored|self.data_adapter = |Unable to initialize backend"
 
 stamp() { echo "=== $(date -u +%H:%M:%S) [scaling +$((SECONDS - T0)) s] $*"; }

@@ -119,6 +119,8 @@ def test_cli_trains_every_trick_and_reports_knn(cli):
     assert any((run / "tb").rglob("*tfevents*"))
     metrics = json.loads((run / "metrics.json").read_text())
     assert 0.0 < metrics["knn_top1"] <= 1.0 and 0.0 < metrics["raw_pixel_knn_top1"] <= 1.0
+    seconds = metrics["seconds"]  # where the time went: training, the kNN monitor within it, the final kNN
+    assert 0 < seconds["knn_monitor"] < seconds["this_invocation"] and seconds["final_knn"] > 0, seconds
     assert "kNN top-1" in proc.stdout and "raw-pixel kNN baseline" in proc.stdout
     assert "pictures: " in proc.stdout and "views.png" in proc.stdout  # where the pictures are
     assert "warning: SimAffinity with an EMA target" not in proc.stdout  # it has a predictor

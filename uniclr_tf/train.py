@@ -662,7 +662,9 @@ def _finish(ctx, ev, fit):
                "final_loss": fit.history.epochs[-1].get("loss") if fit.history.epochs else None,
                "seconds": {"this_invocation": fit.seconds, "knn_monitor": ev.monitor.seconds if ev.monitor else 0.0}}
     if info.num_classes:
+        start = time.perf_counter()
         metrics.update(_final_knn(ctx, ev))
+        metrics["seconds"]["final_knn"] = time.perf_counter() - start
     skipped = info.skipped_while_streaming()
     if skipped:
         metrics["skipped_while_streaming"] = len(skipped)

@@ -2,8 +2,10 @@
 # Issue 26: what removes the fixed per-step cost of the 4-GPU step (docs/results/scaling.md, "A trace of
 # the 4-GPU step"). Each variant runs benchmarks/scaling.sh's g4 (1 process x 4 GPUs, 512 images per GPU;
 # p4 for the 4-process one) REPEATS times untraced, then once with --profile_steps on 5 steps of the last
-# epoch, summarised by benchmarks/trace_summary.py; g1 is the one-GPU reference. Prints the median ms a
-# step over epochs 2..EPOCHS of the repeats and the weak-scaling efficiency against g1's median.
+# epoch, summarised by benchmarks/trace_summary.py (TRACE=0: no traced run); g1 is the one-GPU reference.
+# Prints, per variant, the median over the repeats of each repeat's median ms a step (epochs 2..EPOCHS),
+# the repeats' spread, and the weak-scaling efficiency against g1's; for knn1/knn4, the kNN monitor's
+# seconds per evaluation and the final kNN's.
 #
 #   VARIANTS="g1 base cmdbuf onepass lhs perdev p4" REPEATS=3 bash benchmarks/gpu/step_variants.sh
 #
@@ -12,12 +14,15 @@
 #   onepass g4 with --batch_norm=global_one_pass (one all-reduce for both BN statistics)
 #   lhs     g4 with XLA's latency-hiding scheduler   perdev  g4 with --batch_norm=per_device
 #   p4      4 processes x 1 GPU
+#   knn1 / knn4  g1 / g4 with the kNN monitor every epoch on the whole 60,000-image bank (--knn_every=1
+#           --knn_max_train=0), for the evaluation's time on 1 and 4 GPUs
 # Each variant is ~2.5 minutes (one compile, then the compilation cache): split VARIANTS over several invocations.
 # Output in $OUT (default /tmp/step-variants): variants.json, variants.log, traces.tar.gz (trace summaries).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/step-variants}; RUNS=${RUNS:-/tmp/step-variants-runs}; mkdir -p "$OUT" "$RUNS"; export OUT
 VARIANTS=${VARIANTS:-g1 base cmdbuf onepass lhs perdev p4}; REPEATS=${REPEATS:-3}; EPOCHS=${EPOCHS:-3}
+TRACE=${TRACE:-1}
 PY=${PYTHON:-python3}
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # STEPS (a smoke test: --steps_per_epoch for every run) and EXTRA_ALL (flags for every run, e.g. a small model)
@@ -25,9 +30,11 @@ STEPS=${STEPS:-}; EXTRA_ALL=${EXTRA_ALL:-}
 [ -n "$STEPS" ] && EXTRA_ALL="$EXTRA_ALL --steps_per_epoch=$STEPS"
 steps_per_epoch() { [ -n "$STEPS" ] && echo "$STEPS" && return; [ "$1" = g1 ] && echo 117 || echo 29; }  # 60,000 images at 512 / 2,048
 run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
-  local v=$1 only=g4 xla="" extra="$EXTRA_ALL"
+  local v=$1 only=g4 xla="" extra="$EXTRA_ALL" tail=""
   case "$v" in
     g1) only=g1 ;; base) ;; p4) only=p4 ;;
+    knn1) only=g1; tail="--knn_every=1 --knn_max_train=0" ;;
+    knn4) tail="--knn_every=1 --knn_max_train=0" ;;
     cmdbuf) xla="--xla_gpu_enable_command_buffer=+COLLECTIVES" ;;
     lhs) xla="--xla_gpu_enable_latency_hiding_scheduler=true" ;;
     perdev) extra="$extra --batch_norm=per_device" ;;
@@ -36,11 +43,11 @@ run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
   esac
   local spe last first
   spe=$(steps_per_epoch "$only"); last=$((spe * EPOCHS - 1)); first=$((last > 5 ? last - 4 : 1))
-  for ((r = 1; r <= REPEATS + 1; r++)); do
+  for ((r = 1; r <= REPEATS + (TRACE ? 1 : 0); r++)); do
     local tag="$v-r$r" e="$extra"
     [ "$r" -gt "$REPEATS" ] && { tag="$v-trace"; e="$extra --profile_steps=$first,$last"; }
     echo "=== $(date -u +%T) $tag: ONLY=$only XLA_FLAGS='$xla' EXTRA='$e'"
-    XLA_FLAGS="$xla" RUNS="$RUNS/$tag" OUT="$RUNS/$tag" EPOCHS=$EPOCHS ONLY=$only EXTRA="$e" LIMIT=${LIMIT:-120} \
+    XLA_FLAGS="$xla" RUNS="$RUNS/$tag" OUT="$RUNS/$tag" EPOCHS=$EPOCHS ONLY=$only EXTRA="$e" TAIL="$tail" LIMIT=${LIMIT:-120} \
       bash benchmarks/scaling.sh > "$RUNS/$tag.log" 2>&1
     echo "    exit $? ($(grep -c . "$RUNS/$tag.log") log lines)"
   done
@@ -51,26 +58,49 @@ for v in $VARIANTS; do run_variant "$v"; done 2>&1 | tee "$OUT/variants.log"
 "$PY" - "$RUNS" "$EPOCHS" "$STEPS" $VARIANTS <<'PYEOF' | tee -a "$OUT/variants.log"
 import glob, json, os, statistics, sys
 runs, epochs, fixed, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 out = {}
 for v in variants:
-    name = "g1" if v == "g1" else "p4" if v == "p4" else "g4"
-    steps, images = (117, 512) if v == "g1" else (29, 2048)
+    one_gpu = v in ("g1", "knn1")
+    name = "g1" if one_gpu else "p4" if v == "p4" else "g4"
+    steps, images = (117, 512) if one_gpu else (29, 2048)
     steps = int(fixed) if fixed else steps
-    ms = []
+    repeats, knn, final = [], [], []  # per repeat: median ms a step over epochs 2..EPOCHS
     for folder in sorted(glob.glob(os.path.join(runs, f"{v}-r*", name))):
-        try:
-            history = json.load(open(os.path.join(folder, "history.json")))
-        except OSError:
-            continue
-        ms += [1000 * e["step_seconds"] / steps for e in history if 2 <= e["epoch"] <= epochs]
-    if ms:
-        out[v] = {"ms_per_step": ms, "median_ms": statistics.median(ms), "images_per_second": images * 1000 / statistics.median(ms)}
+        history = load(os.path.join(folder, "history.json")) or []
+        ms = [1000 * e["step_seconds"] / steps for e in history if 2 <= e["epoch"] <= epochs and "step_seconds" in e]
+        if ms:
+            repeats.append(statistics.median(ms))
+        knn += [e["knn_seconds"] for e in history if e.get("epoch", 0) >= 2 and "knn_seconds" in e]
+        seconds = (load(os.path.join(folder, "metrics.json")) or {}).get("seconds", {})
+        if "final_knn" in seconds:
+            final.append(seconds["final_knn"])
+    if not repeats:
+        continue
+    median = statistics.median(repeats)
+    out[v] = {"repeat_medians_ms": repeats, "median_ms": median, "images_per_second": images * 1000 / median}
+    if knn:
+        out[v]["knn_monitor_seconds_median"] = statistics.median(knn)
+    if final:
+        out[v]["final_knn_seconds_median"] = statistics.median(final)
 g1 = out.get("g1", {}).get("images_per_second")
 for v, r in out.items():
-    r["weak_efficiency"] = (r["images_per_second"] / (1 if v == "g1" else 4) / g1) if g1 else None
-    print(f"{v:7s} median {r['median_ms']:6.2f} ms/step over {len(r['ms_per_step'])} epochs "
-          f"(min {min(r['ms_per_step']):.2f}, max {max(r['ms_per_step']):.2f})  {r['images_per_second']:9.0f} images/s"
-          + (f"  weak eff. {r['weak_efficiency']:.3f}" if r["weak_efficiency"] else ""))
+    r["weak_efficiency"] = (r["images_per_second"] / (1 if v in ("g1", "knn1") else 4) / g1) if g1 else None
+    print(f"{v:7s} median {r['median_ms']:6.2f} ms/step over {len(r['repeat_medians_ms'])} repeats "
+          f"(repeats {min(r['repeat_medians_ms']):.2f}-{max(r['repeat_medians_ms']):.2f})  "
+          f"{r['images_per_second']:9.0f} images/s"
+          + (f"  weak eff. {r['weak_efficiency']:.3f}" if r["weak_efficiency"] else "")
+          + (f"  kNN monitor {r['knn_monitor_seconds_median']:.2f} s" if "knn_monitor_seconds_median" in r else "")
+          + (f"  final kNN {r['final_knn_seconds_median']:.2f} s" if "final_knn_seconds_median" in r else ""))
 json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp/step-variants"), "variants.json"), "w"), indent=1)
 PYEOF
 tar -czf "$OUT/traces.tar.gz" -C "$RUNS" $(cd "$RUNS" && ls -d ./*.summary.json ./*.log 2>/dev/null) 2>/dev/null
