@@ -23,6 +23,8 @@
 # (per-GPU rate / g1's), strong-scaling efficiency (s_k / (k * s1)), first-epoch seconds, loss parity.
 #
 # NCCL_DEBUG=INFO by default: the per-run summary lists the transports NCCL chose (P2P over NVLink, SHM...).
+# ONLY=p4r (not in the default set): p4 stopped by SIGTERM after STOP_EPOCH (1) epochs and run again; it must
+# resume and finish with one continuous history (its status line in RUNS/p4r.status).
 # Knobs: EPOCHS (4), LIMIT (100 s per run), ONLY, PER_GPU (512), STRONG (1024), PARITY_BATCH (1024),
 # P1_GPUS, P2_GPUS, RUNS (/tmp/scaling), PYTHON (python3), EXTRA (train flags placed right after the
 # flagfile, e.g. a smaller model), TAIL (train flags placed last: they override these defaults, e.g.
@@ -103,27 +105,78 @@ single() {  # single NAME GPUS TRAIN_FLAGS...: one process on the GPUs named, wa
   record "$name" "$rc" "$secs" "$gpus" 1
 }
 
-multi() {  # multi NAME N TRAIN_FLAGS...: N processes x 1 GPU (GPU i for process i), waited for
+start_multi() {  # start_multi NAME N TRAIN_FLAGS...: N processes x 1 GPU (GPU i for process i); pids in $pids
   local name=$1 n=$2; shift 2
-  rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
-  local port=$((20000 + RANDOM % 20000)) pids=() i rc=0 r gpus
-  gpus=$(seq -s, 0 $((n - 1)))
+  local port=$((20000 + RANDOM % 20000)) i
   stamp "$name: $n processes x 1 GPU, coordinator 127.0.0.1:$port, $*"
-  local t0; t0=$(now)
+  pids=()
   for ((i = 0; i < n; i++)); do
     launch "$i" "$LOGS/$name-$i.log" --run_name="$name" --strategy=data_parallel --num_processes="$n" \
       --process_id="$i" --coordinator_address="127.0.0.1:$port" "$@"
     pids+=("$last")
   done
+}
+
+wait_multi() {  # wait_multi NAME: waits for $pids; the first non-zero exit status in $rc
+  local i r
+  rc=0
   for i in "${!pids[@]}"; do
     wait "${pids[$i]}"; r=$?
-    [ "$r" != 0 ] && { echo "  $name process $i: exit $r"; [ "$rc" = 0 ] && rc=$r; }
+    [ "$r" != 0 ] && { echo "  $1 process $i: exit $r"; [ "$rc" = 0 ] && rc=$r; }
   done
+}
+
+multi() {  # multi NAME N TRAIN_FLAGS...: N processes x 1 GPU, waited for
+  local name=$1 n=$2; shift 2
+  rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
+  local gpus; gpus=$(seq -s, 0 $((n - 1)))
+  local t0; t0=$(now)
+  start_multi "$name" "$n" "$@"
+  wait_multi "$name"
   local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
   stamp "$name: exit $rc after $secs s"
   show "$LOGS/$name-0.log" $([ "$rc" = 0 ] && echo 8 || echo 40)
   if [ "$rc" != 0 ]; then for ((i = 1; i < n; i++)); do echo "  -- process $i:"; show "$LOGS/$name-$i.log" 15; done; fi
   record "$name" "$rc" "$secs" "$gpus" "$n"
+}
+
+resumed_multi() {  # p4r: 4 processes x 1 GPU stopped by a real SIGTERM to every process once STOP_EPOCH (1)
+  # epochs are in its history, then the same command again: it must resume and end with one continuous
+  # history (epochs 1..EPOCHS, each once). Its own status line: p4r.status (rc 0 only if all that held).
+  local name=p4r n=4 flags=(--batch_size=$((4 * PER_GPU))) stop_at=${STOP_EPOCH:-1}
+  rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
+  local t0; t0=$(now)
+  start_multi "$name" "$n" "${flags[@]}"
+  local alive=1 p
+  while [ "$alive" = 1 ]; do
+    "$PY" -c "import json,sys; sys.exit(len(json.load(open(sys.argv[1]))) < int(sys.argv[2]))" \
+      "$RUNS/$name/history.json" "$stop_at" 2> /dev/null && break
+    alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2> /dev/null && alive=1; done
+    sleep 0.5
+  done
+  stamp "$name: epoch $stop_at in the history: SIGTERM to the $n processes"
+  for p in "${pids[@]}"; do kill -TERM "$p" 2> /dev/null; done
+  wait_multi "$name"; local first=$rc
+  for ((i = 0; i < n; i++)); do mv "$LOGS/$name-$i.log" "$LOGS/$name-$i.stopped.log"; done
+  stamp "$name: stopped with exit $first (143: SIGTERM, a backup saved); the same command again, without --overwrite"
+  show "$LOGS/$name-0.stopped.log" 4
+  local kept=() saved=("${COMMON[@]}") a
+  for a in "${COMMON[@]}"; do [ "$a" = --overwrite ] || kept+=("$a"); done
+  COMMON=("${kept[@]}")
+  start_multi "$name" "$n" "${flags[@]}"
+  wait_multi "$name"
+  COMMON=("${saved[@]}")
+  local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
+  show "$LOGS/$name-0.log" 6
+  local check
+  check=$("$PY" -c "import json,sys; e=[x['epoch'] for x in json.load(open(sys.argv[1]))]; print('continuous' if e == list(range(1, int(sys.argv[2]) + 1)) else f'epochs {e}')" \
+    "$RUNS/$name/history.json" "$EPOCHS" 2>&1)
+  grep -q "resuming at" "$LOGS/$name-0.log" || check="$check; no 'resuming at' in the log"
+  [ "$first" = 143 ] || check="$check; first part exited $first, not 143"
+  [ "$check" = continuous ] && [ "$rc" = 0 ] || { [ "$rc" = 0 ] && rc=1; }
+  stamp "$name: exit $rc after $secs s (both parts); history: $check"
+  echo "rc=$rc seconds=$secs gpus=$(seq -s, 0 $((n - 1))) gpus_n=$n processes=$n first_exit=$first history=${check// /_}" \
+    > "$RUNS/$name.status"
 }
 
 parity() {  # p1 and p2: concurrently when their GPUs differ
@@ -163,6 +216,7 @@ want g1 && single g1 0 --batch_size="$PER_GPU"
 want g2 && single g2 0,1 --batch_size=$((2 * PER_GPU)) --strategy=data_parallel
 want g4 && single g4 0,1,2,3 --batch_size=$((4 * PER_GPU)) --strategy=data_parallel
 want p4 && multi p4 4 --batch_size=$((4 * PER_GPU))
+want p4r && resumed_multi
 want s1 && single s1 0 --batch_size="$STRONG"
 if { want s1 || want s4; } && [ "$STRONG" != $((2 * PER_GPU)) ]; then
   echo "s2: STRONG=$STRONG is not g2's batch: the strong-scaling point at 2 GPUs is not measured"
