@@ -105,7 +105,13 @@ class GroupBatchNormalization(layers.BatchNormalization):
         return {**super().get_config(), **{key: getattr(self, key) for key in self.TRAINING_OPTIONS}}
 
 
-def batch_norm(synchronized=False, name=None, **kwargs):
+def _plain_batch_norm(synchronized):
+    """Whether :func:`batch_norm` here builds Keras' own unsynchronised ``BatchNormalization``."""
+    groups, one_pass = _BN_GROUPS.get()
+    return groups == 1 and not one_pass and not (bool(synchronized) and keras.backend.backend() == "tensorflow")
+
+
+def batch_norm(synchronized=False, name=None, momentum=0.9, epsilon=1e-5, **kwargs):
     """BatchNormalization; ``synchronized`` makes MirroredStrategy match one device (docs/stack.md).
 
     Only the TF backend has (and needs) synchronized BN: under JAX ``DataParallel`` the arrays are
@@ -114,10 +120,11 @@ def batch_norm(synchronized=False, name=None, **kwargs):
     """
     groups, one_pass = _BN_GROUPS.get()
     if groups > 1 or one_pass:
-        return GroupBatchNormalization(groups=groups, one_pass=one_pass, momentum=0.9, epsilon=1e-5, name=name,
-                                       **kwargs)
+        return GroupBatchNormalization(groups=groups, one_pass=one_pass, momentum=momentum, epsilon=epsilon,
+                                       name=name, **kwargs)
     synchronized = bool(synchronized) and keras.backend.backend() == "tensorflow"
-    return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, synchronized=synchronized, name=name, **kwargs)
+    return layers.BatchNormalization(momentum=momentum, epsilon=epsilon, synchronized=synchronized, name=name,
+                                     **kwargs)
 
 
 def _bn(synchronized, name):
@@ -203,17 +210,15 @@ def with_our_batch_norm(model, synchronized_bn=False):
     a :class:`GroupBatchNormalization` inside :func:`batch_norm_groups` (``--batch_norm=per_device`` or
     ``global_one_pass``), so a backbone built by another library follows ``--batch_norm`` as ours do.
     Returns ``model`` itself when nothing changes."""
-    groups, one_pass = _BN_GROUPS.get()
-    synchronized = bool(synchronized_bn) and keras.backend.backend() == "tensorflow"
-    if groups == 1 and not one_pass and not synchronized:
+    if _plain_batch_norm(synchronized_bn):
         return model
 
     def clone_fn(layer):
         cfg = layer.get_config()
         if isinstance(layer, layers.BatchNormalization):
-            if groups > 1 or one_pass:
-                return GroupBatchNormalization.from_config({**cfg, "groups": groups, "one_pass": one_pass})
-            cfg["synchronized"] = True
+            for key in ("synchronized", *GroupBatchNormalization.TRAINING_OPTIONS):
+                cfg.pop(key, None)
+            return batch_norm(synchronized_bn, **cfg)
         return layer.__class__.from_config(cfg)
 
     return keras.models.clone_model(model, clone_function=clone_fn)

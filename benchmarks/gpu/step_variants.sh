@@ -57,16 +57,9 @@ run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
 for v in $VARIANTS; do run_variant "$v"; done 2>&1 | tee "$OUT/variants.log"
 "$PY" - "$RUNS" "$EPOCHS" "$STEPS" $VARIANTS <<'PYEOF' | tee -a "$OUT/variants.log"
 import glob, json, os, statistics, sys
+sys.path.insert(0, "benchmarks")
+from study import _json as load  # a JSON file's content, or None when missing or unreadable
 runs, epochs, fixed, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
-
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
 
 out = {}
 for v in variants:
