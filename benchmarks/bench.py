@@ -9,8 +9,11 @@ every repetition ends by waiting for the device, so asynchronous dispatch is cou
 * (a) ``a_model_only``: the compiled train step alone, on device-resident, already augmented views
   (a few batches rotated, so no input cost at all). The model is ``train.build_model`` +
   ``train.build_optimizer`` (``--optimizer``, LARS by default) under the ``--precision`` policy, the real training model.
-  On JAX also ``flops_per_image`` (XLA's count for the compiled step) and ``mfu`` against ``--peak_tflops``
-  (default: an H100 / H200's dense bf16 peak); ``benchmarks/torch_r50_peer.py`` is its PyTorch peer at 224 px.
+  On JAX also ``flops_per_image`` (XLA's count for the lowered step, before it is compiled for a platform:
+  the compiled GPU step's count leaves out the convolutions handed to cuDNN, ~95 % of a ResNet-50's) and
+  ``mfu`` against ``--peak_tflops`` per device (default: an H100 / H200's dense bf16 peak);
+  ``benchmarks/torch_r50_peer.py`` is its PyTorch peer at 224 px. ``--devices=N``: the step data-parallel
+  over N devices (keras.distribution.DataParallel), ``--batch_size`` the global batch.
 * (b) ``b_host_aug``: end to end with the views made on the host. TensorFlow backend:
   ``data.pretrain_dataset`` with the ``ViewAugmenter`` mapped in tf.data (exactly what
   ``train --augment_on=host`` runs). JAX backend (no TensorFlow on the GPU machine): the same
@@ -95,6 +98,8 @@ def define_flags():
     flags.DEFINE_integer("objective_iters", 20, "Section d: calls per timed repetition.")
     flags.DEFINE_bool("jit_compile", False, "TensorFlow backend: compile the step with XLA.")
     flags.DEFINE_integer("seed", 0, "Random seed.")
+    flags.DEFINE_integer("devices", 1, "JAX, section a: data-parallel over this many local devices (keras.distribution."
+                         "DataParallel, as train's --strategy=data_parallel); --batch_size is the global batch.")
     flags.DEFINE_float("peak_tflops", 0.0, "Section a's MFU: the device's peak TFLOP/s (0: the dense bf16 peak of "
                        "an H100 / H200 when the device is one; else no MFU).")
     flags.DEFINE_string("label", "", "Free-form label stored in the JSON.")
@@ -231,14 +236,16 @@ PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4}
 
 
 def model_flops_utilisation(step_flops, batch, images_per_s, device):
-    """``flops_per_image`` (XLA's count for the compiled step / the batch) and, on a card of
-    ``PEAK_BF16_TFLOPS`` or with ``--peak_tflops``, ``mfu``: achieved FLOP/s over that peak."""
+    """``flops_per_image`` (XLA's count for the whole lowered step / the global batch) and, on a card of
+    ``PEAK_BF16_TFLOPS`` or with ``--peak_tflops``, ``mfu``: achieved FLOP/s over the peak of the
+    ``--devices`` devices."""
     if not step_flops:
         return {}
     out = {"flops_per_image": step_flops / batch}
     peak = FLAGS.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in str(device)), 0.0)
     if peak:
-        out.update(peak_tflops=peak, mfu=images_per_s * out["flops_per_image"] / (peak * 1e12))
+        devices = max(FLAGS.devices, 1)
+        out.update(peak_tflops=peak, mfu=images_per_s * out["flops_per_image"] / (devices * peak * 1e12))
     return out
 
 
@@ -267,7 +274,8 @@ class JaxStepper:
 
     def compile(self, name, data):
         t = time.perf_counter()
-        compiled = self.jitted.lower(self.state, data).compile()
+        lowered = self.jitted.lower(self.state, data)
+        compiled = lowered.compile()
         seconds = time.perf_counter() - t
         self.compiled[self._key(data)] = compiled
         try:
@@ -277,12 +285,18 @@ class JaxStepper:
                 "generated_code_size_in_bytes") if hasattr(m, k)}
         except Exception as e:  # not every platform reports it
             self.memory[name] = {"error": f"{type(e).__name__}: {e}"}
-        try:  # XLA's count of the step's floating-point operations (for MFU)
-            cost = compiled.cost_analysis()
-            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-            self.flops[name] = float(cost["flops"])
-        except Exception:  # noqa: BLE001 - not every platform reports it
-            pass
+        # XLA's count of the step's floating-point operations (for MFU), of the lowered step: the whole
+        # (unpartitioned) computation, with its convolutions. The compiled step's count is per device, and
+        # on GPUs leaves out the convolutions that became cuDNN calls (ResNet-50 at 224 px: 1.0 of 48.7
+        # GFLOP an image).
+        for source in (lowered, compiled):
+            try:
+                cost = source.cost_analysis()
+                cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+                self.flops[name] = float(cost["flops"])
+                break
+            except Exception:  # noqa: BLE001 - not every platform or version reports it
+                continue
         return seconds
 
     def __call__(self, data):
@@ -646,6 +660,9 @@ def run_bench():
     needs_model = any(s in sections for s in "abc")
     compute_dtype = "float32" if FLAGS.precision == "float32" else FLAGS.precision
 
+    mesh = _data_parallel(backend, sections, batch)
+    if mesh is not None:
+        result["config"]["devices"] = FLAGS.devices
     if needs_model:
         cfg, model, host_aug = build_training_model(shape, mean, std)
         result["config"]["model_params"] = int(sum(np.prod(v.shape) for v in model.trainable_variables))
@@ -661,7 +678,7 @@ def run_bench():
         resident = []
         for _ in range(4):
             views = dev_aug(keras.ops.convert_to_tensor(uint8_batch()), training=True)
-            resident.append(tuple(keras.ops.convert_to_tensor(keras.ops.convert_to_numpy(v)) for v in views))
+            resident.append(tuple(_on_devices(keras.ops.convert_to_numpy(v), mesh) for v in views))
 
         if "a" in sections:
             print("a: model step only ...", flush=True)
@@ -778,6 +795,37 @@ def run_bench():
     result["memory"]["process_peak_rss_bytes"] = _rss_peak_bytes()
     result["memory"]["device_peak_bytes"] = device_peak_bytes(backend)
     return result
+
+
+def _data_parallel(backend, sections, batch):
+    """With ``--devices=N > 1`` (JAX, section a only): Keras's DataParallel over the first N devices, set
+    before the model is built (its variables replicated, the batch split), and the mesh; else None."""
+    if FLAGS.devices <= 1:
+        return None
+    if backend != "jax" or set(sections) != {"a"}:
+        raise app.UsageError(f"--devices={FLAGS.devices} is for the JAX backend's section a only "
+                             f"(backend {backend}, --sections={','.join(sections)})")
+    import jax
+    import keras
+
+    devices = jax.devices()
+    if FLAGS.devices > len(devices) or batch % FLAGS.devices:
+        raise app.UsageError(f"--devices={FLAGS.devices}: {len(devices)} devices here, and --batch_size={batch} "
+                             "must split evenly over them")
+    distribution = keras.distribution.DataParallel(devices=devices[:FLAGS.devices])
+    keras.distribution.set_distribution(distribution)
+    return jax.sharding.Mesh(np.array(devices[:FLAGS.devices]), ("batch",))
+
+
+def _on_devices(array, mesh):
+    """``array`` on the default device, or split along its first axis over ``mesh``."""
+    import keras
+
+    if mesh is None:
+        return keras.ops.convert_to_tensor(array)
+    import jax
+
+    return jax.device_put(array, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch")))
 
 
 def _dataset_info(data_lib, images, shape, mean, std):

@@ -82,6 +82,31 @@ def test_jax_bench_reports_the_steps_flops_and_mfu(tmp_path):
     assert section["mfu"] == pytest.approx(section["images_per_s"] * section["flops_per_image"] / 2e12)
 
 
+def test_jax_bench_data_parallel_step_is_the_one_device_step(tmp_path):
+    """``--devices=2`` (two XLA CPU devices, Keras's DataParallel): the same global step as on one device
+    (the same loss after the same steps, the same FLOPs an image), its MFU over both devices' peak; and a
+    clear error for more devices than there are."""
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = {devices: subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.bench", "--quick", "--sections=a", "--peak_tflops=2", "--precision=float32",
+         "--reps=1", f"--devices={devices}", f"--out={tmp_path / f'bench{devices}.json'}"],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for devices in (1, 2, 3)}
+    sections = {}
+    for devices, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        if devices == 3:
+            assert proc.returncode != 0 and "--devices=3: 2 devices here" in stderr, stderr[-2000:]
+            continue
+        assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
+        sections[devices] = json.loads((tmp_path / f"bench{devices}.json").read_text())["a_model_only"]
+    one, two = sections[1], sections[2]
+    assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-4)
+    assert two["flops_per_image"] == pytest.approx(one["flops_per_image"], rel=1e-6)
+    assert two["mfu"] == pytest.approx(two["images_per_s"] * two["flops_per_image"] / (2 * 2e12))
+
+
 def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(tmp_path):
     """benchmarks.epoch_gap on a real (tiny, JAX) run: every piece of the epoch boundary is timed, the
     variant is applied and recorded; then cli_vs_bench --summarise reads the same run folder."""

@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
 # ResNet-50 at 224 px on one GPU, the model step against PyTorch, side by side in one job (run after the
 # scripts/gpu-prep.sh set-up line, $OUT set; the GPU machines have PyTorch):
-#   [BATCHES="128 256"] [REPEATS=3] bash benchmarks/gpu/r50_peer.sh
+#   [BATCHES="128 256"] [REPEATS=3] [DP=4] bash benchmarks/gpu/r50_peer.sh
 # For each batch, REPEATS times in turn: the bench's section a (JAX, bf16, synthetic device-resident views,
 # SimAffinity, SGD: the same model and loss as benchmarks/torch_r50_peer.py), PyTorch eager and PyTorch with
 # torch.compile. Each run reports the median images/s of its own repetitions, FLOPs per image and MFU;
 # the summary gives, per batch and runner, the median and spread over the REPEATS runs and the ratio to
-# torch.compile. Writes $OUT/r50-peer.json and $OUT/r50-peer.log. About 1.5 minutes per batch and repeat.
+# torch.compile. With DP=N (N > 1), each repeat also runs the bench's step data-parallel over N GPUs at N x the
+# batch (--devices=N, runner "keras-dpN"): its weak-scaling efficiency is its images/s over N x the one-GPU
+# step's of the same repeat (wall clock of the timed steps). Writes $OUT/r50-peer.json and $OUT/r50-peer.log. About 1.5 minutes per batch and repeat.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/r50-peer}; mkdir -p "$OUT" "$OUT/runs"
 BATCHES=${BATCHES:-128 256}; REPEATS=${REPEATS:-3}
 # a smoke test elsewhere: SIZE (224), STEPS (20) and REPS (5) of each run; PY / TORCH_PY the interpreters
 SIZE=${SIZE:-224}; STEPS=${STEPS:-20}; REPS=${REPS:-5}; PY=${PY:-python3}; TORCH_PY=${TORCH_PY:-python3}
+DP=${DP:-1}; ENCODER=${ENCODER:-resnet50}
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax-cache-r50}  # repeats reuse the compile
+keras_step() {  # keras_step TAG DEVICES BATCH
+  "$PY" -m benchmarks.bench --sections=a --encoder="$ENCODER" --image_shape="$SIZE,$SIZE,3" --data=synthetic \
+    --num_images=$((4 * $3)) --objective=simaffinity --optimizer=sgd --batch_size="$3" --steps="$STEPS" --reps="$REPS" \
+    --devices="$2" --out="$OUT/runs/$1.json" 2>&1 | grep -E "images/s|error|Error" | sed "s/^/$1 /" | tee -a "$OUT/r50-peer.log"
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/r50-peer.log"
 for b in $BATCHES; do
   for ((r = 1; r <= REPEATS; r++)); do
-    "$PY" -m benchmarks.bench --sections=a --encoder=resnet50 --image_shape="$SIZE,$SIZE,3" --data=synthetic \
-      --num_images=$((4 * b)) --objective=simaffinity --optimizer=sgd --batch_size="$b" --steps="$STEPS" --reps="$REPS" \
-      --out="$OUT/runs/keras-b$b-r$r.json" 2>&1 | grep -E "images/s|error|Error" | tee -a "$OUT/r50-peer.log"
+    keras_step "keras-b$b-r$r" 1 "$b"
+    [ "$DP" -gt 1 ] && keras_step "keras-dp$DP-b$b-r$r" "$DP" $((DP * b))
     "$TORCH_PY" benchmarks/torch_r50_peer.py --batch_size "$b" --image_size "$SIZE" --steps "$STEPS" --reps "$REPS" --out "$OUT/runs/eager-b$b-r$r.json" 2>&1 \
       | tail -n 1 | tee -a "$OUT/r50-peer.log"
     "$TORCH_PY" benchmarks/torch_r50_peer.py --batch_size "$b" --image_size "$SIZE" --steps "$STEPS" --reps "$REPS" \
@@ -31,7 +39,7 @@ import glob, json, os, re, statistics, sys
 out = sys.argv[1]
 runs = {}
 for path in glob.glob(os.path.join(out, "runs", "*.json")):
-    runner, batch = re.match(r"(\w+)-b(\d+)-r\d+\.json", os.path.basename(path)).groups()
+    runner, batch = re.match(r"([\w-]+?)-b(\d+)-r\d+\.json", os.path.basename(path)).groups()
     d = json.load(open(path))
     d = d.get("a_model_only", d)
     runs.setdefault((int(batch), runner), []).append(d)
@@ -43,12 +51,20 @@ for (batch, runner), rs in sorted(runs.items()):
                     "min": min(rates), "max": max(rates), "flops_per_image": rs[0].get("flops_per_image"),
                     "mfu": statistics.median(mfus) if mfus else None})
 compiled = {s["batch"]: s["images_per_s"] for s in summary if s["runner"] == "compile"}
+one_gpu = {s["batch"]: s["images_per_s"] for s in summary if s["runner"] == "keras"}
+for s in summary:  # data-parallel runs: weak-scaling efficiency against the one-GPU step at the same per-GPU batch
+    m = re.fullmatch(r"keras-dp(\d+)", s["runner"])
+    if m and s["batch"] in one_gpu:
+        s["devices"] = int(m.group(1))
+        s["weak_efficiency"] = s["images_per_s"] / (s["devices"] * one_gpu[s["batch"]])
 print("| batch | runner | repeats | images/s (median) | min-max | GFLOP/image | MFU | vs torch.compile |")
 print("|---|---|---|---|---|---|---|---|")
 for s in summary:
-    s["vs_torch_compile"] = s["images_per_s"] / compiled[s["batch"]] if s["batch"] in compiled else None
+    s["vs_torch_compile"] = (s["images_per_s"] / compiled[s["batch"]]
+                             if s["batch"] in compiled and "devices" not in s else None)
     fl = f"{s['flops_per_image'] / 1e9:.1f}" if s["flops_per_image"] else ""
     print(f"| {s['batch']} | {s['runner']} | {s['repeats']} | {s['images_per_s']:,.0f} | {s['min']:,.0f}-{s['max']:,.0f}"
-          f" | {fl} | {s['mfu'] or 0:.3f} | {s['vs_torch_compile'] or 0:.2f} |")
+          f" | {fl} | {s['mfu'] or 0:.3f} | {s['vs_torch_compile'] or 0:.2f} |"
+          + (f" weak-scaling efficiency on {s['devices']} GPUs: {s['weak_efficiency']:.3f}" if "devices" in s else ""))
 json.dump(summary, open(os.path.join(out, "r50-peer.json"), "w"), indent=1)
 PYEOF
