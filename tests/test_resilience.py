@@ -365,3 +365,34 @@ def test_a_jax_snapshot_fetched_in_pieces_is_every_value_exactly():
     assert out["pieces"] == {"float32": 7, "int32": 1, "uint32": 1}  # 35 + 3 + 66 = 104 floats: 7 pieces of 16
     assert out["default_pieces"] == {"float32": 1, "int32": 1, "uint32": 1}
     assert out["pauses"] >= 0.01 * 8  # a pause before every piece but the first
+
+
+def test_a_multi_process_snapshot_packs_this_process_copy_on_one_device():
+    """JAX with several processes (``process_count`` 2, as seen by process 0 of a 2-process job): the
+    backup's copy is packed from this process's own copy of each replicated value, on one device (no
+    call on the job's arrays, which would need every process), and fetched in the background as in one
+    process; it gives back every model and optimizer value exactly."""
+    from tests.conftest import run_python_snippet
+    out = run_python_snippet(r"""
+        import json
+        import jax, keras, numpy as np
+        from uniclr_tf import backup
+        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.BatchNormalization()])
+        model.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
+        model.fit(np.ones((8, 4), np.float32), np.ones((8, 3), np.float32), batch_size=8, epochs=1, verbose=0)
+        variables = backup._variables(model)
+        expected = [np.asarray(v.value) for v in variables]
+        replicated = all(v.value.is_fully_replicated and len(v.value.devices()) == 2 for v in variables)
+        jax.process_count = lambda: 2  # what process 0 of a 2-process job sees
+        values = backup.snapshot(model)
+        devices = {d for pieces in values.pieces.values() for p in pieces for d in p.devices()}
+        got = backup.to_host(values, pause=0.001)
+        print(json.dumps({"packed": isinstance(values, backup.Packed), "replicated": replicated,
+                          "devices": len(devices), "n": len(got),
+                          "exact": all(p == v.path and np.array_equal(a, e)
+                                       for (p, a), v, e in zip(got, variables, expected))}))
+        """, backend="jax", env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    assert out["replicated"]  # the job's arrays span both devices
+    assert out["packed"] and out["devices"] == 1
+    assert out["exact"] and out["n"] > 4
