@@ -3,7 +3,7 @@
 # the 4-GPU step"). Each variant runs benchmarks/scaling.sh's g4 (1 process x 4 GPUs, 512 images per GPU;
 # p4 for the 4-process one) REPEATS times untraced, then once with --profile_steps on 5 steps of the last
 # epoch, summarised by benchmarks/trace_summary.py (TRACE=0: no traced run); g1 is the one-GPU reference.
-# Prints, per variant, the median over the repeats of each repeat's median ms a step (epochs 2..EPOCHS),
+# Prints, per variant, the median over the repeats of each repeat's median ms a step (epochs FROM..EPOCHS),
 # the repeats' spread, and the weak-scaling efficiency against g1's; for knn1/knn4, the kNN monitor's
 # seconds per evaluation and the final kNN's.
 #
@@ -12,42 +12,51 @@
 #   g1      one GPU, the reference                base    g4 as shipped
 #   cmdbuf  g4 with the NCCL collectives captured in XLA's CUDA graphs (--xla_gpu_enable_command_buffer=+COLLECTIVES)
 #   onepass g4 with --batch_norm=global_one_pass (one all-reduce for both BN statistics)
+# (measured on 4 x H100: docs/results/scaling.md, "Where 4 GPUs stand")
 #   lhs     g4 with XLA's latency-hiding scheduler   perdev  g4 with --batch_norm=per_device
 #   p4      4 processes x 1 GPU
+#   s1      one GPU at g4's global batch (2,048): strong scaling at that batch is g4 / (4 x s1)
+#   A+B     the two combined (e.g. p4+onepass, cmdbuf+perdev)
 #   knn1 / knn4  g1 / g4 with the kNN monitor every epoch on the whole 60,000-image bank (--knn_every=1
 #           --knn_max_train=0), for the evaluation's time on 1 and 4 GPUs
-# Each variant is ~2.5 minutes (one compile, then the compilation cache): split VARIANTS over several invocations.
+# On 4 x H100 a variant of 3 untraced runs is ~1.5 minutes (50 s for the first run's compile, then ~25 s a run
+# from the compilation cache): split VARIANTS over several invocations of a time-limited job.
 # Output in $OUT (default /tmp/step-variants): variants.json, variants.log, traces.tar.gz (trace summaries).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/step-variants}; RUNS=${RUNS:-/tmp/step-variants-runs}; mkdir -p "$OUT" "$RUNS"; export OUT
-VARIANTS=${VARIANTS:-g1 base cmdbuf onepass lhs perdev p4}; REPEATS=${REPEATS:-3}; EPOCHS=${EPOCHS:-3}
+VARIANTS=${VARIANTS:-g1 base cmdbuf onepass lhs perdev p4}; REPEATS=${REPEATS:-3}; EPOCHS=${EPOCHS:-6}
+# timed epochs FROM..EPOCHS: epoch 1 holds the compile (or the cache's load), and epoch 2 is often still up
+# to 2.5x slower than the later ones (on 4 x H100: 15.7 against 11.3 ms a step on one GPU)
+FROM=${FROM:-3}
 TRACE=${TRACE:-1}
 PY=${PYTHON:-python3}
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # STEPS (a smoke test: --steps_per_epoch for every run) and EXTRA_ALL (flags for every run, e.g. a small model)
 STEPS=${STEPS:-}; EXTRA_ALL=${EXTRA_ALL:-}
 [ -n "$STEPS" ] && EXTRA_ALL="$EXTRA_ALL --steps_per_epoch=$STEPS"
-steps_per_epoch() { [ -n "$STEPS" ] && echo "$STEPS" && return; [ "$1" = g1 ] && echo 117 || echo 29; }  # 60,000 images at 512 / 2,048
+steps_per_epoch() { [ -n "$STEPS" ] && echo "$STEPS" && return; [ "$1" = g1 ] && echo 117 || echo 29; }  # 60,000 images at 512 / 2,048 (s1: 2,048 on one GPU)
 run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
-  local v=$1 only=g4 xla="" extra="$EXTRA_ALL" tail=""
-  case "$v" in
-    g1) only=g1 ;; base) ;; p4) only=p4 ;;
-    knn1) only=g1; tail="--knn_every=1 --knn_max_train=0" ;;
-    knn4) tail="--knn_every=1 --knn_max_train=0" ;;
-    cmdbuf) xla="--xla_gpu_enable_command_buffer=+COLLECTIVES" ;;
-    lhs) xla="--xla_gpu_enable_latency_hiding_scheduler=true" ;;
-    perdev) extra="$extra --batch_norm=per_device" ;;
-    onepass) extra="$extra --batch_norm=global_one_pass" ;;
-    *) echo "unknown variant $v"; return 1 ;;
-  esac
+  local v=$1 only=g4 xla="" extra="$EXTRA_ALL" tail="" part
+  for part in ${v//+/ }; do  # a variant may combine several: p4+onepass, cmdbuf+perdev
+    case "$part" in
+      g1) only=g1 ;; base) ;; p4) only=p4 ;; s1) only=s1 ;;
+      knn1) only=g1; tail="--knn_every=1 --knn_max_train=0" ;;
+      knn4) tail="--knn_every=1 --knn_max_train=0" ;;
+      cmdbuf) xla="$xla --xla_gpu_enable_command_buffer=+COLLECTIVES" ;;
+      lhs) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true" ;;
+      perdev) extra="$extra --batch_norm=per_device" ;;
+      onepass) extra="$extra --batch_norm=global_one_pass" ;;
+      *) echo "unknown variant $part (of $v)"; return 1 ;;
+    esac
+  done
   local spe last first
   spe=$(steps_per_epoch "$only"); last=$((spe * EPOCHS - 1)); first=$((last > 5 ? last - 4 : 1))
   for ((r = 1; r <= REPEATS + (TRACE ? 1 : 0); r++)); do
     local tag="$v-r$r" e="$extra"
     [ "$r" -gt "$REPEATS" ] && { tag="$v-trace"; e="$extra --profile_steps=$first,$last"; }
     echo "=== $(date -u +%T) $tag: ONLY=$only XLA_FLAGS='$xla' EXTRA='$e'"
-    XLA_FLAGS="$xla" RUNS="$RUNS/$tag" OUT="$RUNS/$tag" EPOCHS=$EPOCHS ONLY=$only EXTRA="$e" TAIL="$tail" LIMIT=${LIMIT:-120} \
+    XLA_FLAGS="$xla" STRONG=2048 RUNS="$RUNS/$tag" OUT="$RUNS/$tag" EPOCHS=$EPOCHS ONLY=$only EXTRA="$e" TAIL="$tail" LIMIT=${LIMIT:-120} \
       bash benchmarks/scaling.sh > "$RUNS/$tag.log" 2>&1
     echo "    exit $? ($(grep -c . "$RUNS/$tag.log") log lines)"
   done
@@ -55,22 +64,23 @@ run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
     --json="$RUNS/$v-trace.summary.json" | tail -n 3
 }
 for v in $VARIANTS; do run_variant "$v"; done 2>&1 | tee "$OUT/variants.log"
-"$PY" - "$RUNS" "$EPOCHS" "$STEPS" $VARIANTS <<'PYEOF' | tee -a "$OUT/variants.log"
+"$PY" - "$RUNS" "$EPOCHS" "$STEPS" "$FROM" $VARIANTS <<'PYEOF' | tee -a "$OUT/variants.log"
 import glob, json, os, statistics, sys
 sys.path.insert(0, "benchmarks")
 from study import _json as load  # a JSON file's content, or None when missing or unreadable
-runs, epochs, fixed, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+runs, epochs, fixed, first, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5:]
 
 out = {}
 for v in variants:
-    one_gpu = v in ("g1", "knn1")
-    name = "g1" if one_gpu else "p4" if v == "p4" else "g4"
-    steps, images = (117, 512) if one_gpu else (29, 2048)
+    parts = v.split("+")
+    one_gpu = bool({"g1", "knn1", "s1"} & set(parts))
+    name = "g1" if {"g1", "knn1"} & set(parts) else "s1" if "s1" in parts else "p4" if "p4" in parts else "g4"
+    steps, images = (117, 512) if name == "g1" else (29, 2048)
     steps = int(fixed) if fixed else steps
-    repeats, knn, final = [], [], []  # per repeat: median ms a step over epochs 2..EPOCHS
+    repeats, knn, final = [], [], []  # per repeat: median ms a step over epochs FROM..EPOCHS
     for folder in sorted(glob.glob(os.path.join(runs, f"{v}-r*", name))):
         history = load(os.path.join(folder, "history.json")) or []
-        ms = [1000 * e["step_seconds"] / steps for e in history if 2 <= e["epoch"] <= epochs and "step_seconds" in e]
+        ms = [1000 * e["step_seconds"] / steps for e in history if first <= e["epoch"] <= epochs and "step_seconds" in e]
         if ms:
             repeats.append(statistics.median(ms))
         knn += [e["knn_seconds"] for e in history if e.get("epoch", 0) >= 2 and "knn_seconds" in e]
@@ -86,12 +96,17 @@ for v in variants:
     if final:
         out[v]["final_knn_seconds_median"] = statistics.median(final)
 g1 = out.get("g1", {}).get("images_per_second")
+s1 = out.get("s1", {}).get("images_per_second")
 for v, r in out.items():
-    r["weak_efficiency"] = (r["images_per_second"] / (1 if v in ("g1", "knn1") else 4) / g1) if g1 else None
+    one_gpu = bool({"g1", "knn1", "s1"} & set(v.split("+")))
+    r["weak_efficiency"] = (r["images_per_second"] / (1 if one_gpu else 4) / g1) if g1 and v != "s1" else None
+    if s1 and not one_gpu:
+        r["strong_efficiency"] = r["images_per_second"] / (4 * s1)
     print(f"{v:7s} median {r['median_ms']:6.2f} ms/step over {len(r['repeat_medians_ms'])} repeats "
           f"(repeats {min(r['repeat_medians_ms']):.2f}-{max(r['repeat_medians_ms']):.2f})  "
           f"{r['images_per_second']:9.0f} images/s"
           + (f"  weak eff. {r['weak_efficiency']:.3f}" if r["weak_efficiency"] else "")
+          + (f"  strong eff. {r['strong_efficiency']:.3f}" if r.get("strong_efficiency") else "")
           + (f"  kNN monitor {r['knn_monitor_seconds_median']:.2f} s" if "knn_monitor_seconds_median" in r else "")
           + (f"  final kNN {r['final_knn_seconds_median']:.2f} s" if "final_knn_seconds_median" in r else ""))
 json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp/step-variants"), "variants.json"), "w"), indent=1)
