@@ -660,8 +660,8 @@ def run_bench():
     needs_model = any(s in sections for s in "abc")
     compute_dtype = "float32" if FLAGS.precision == "float32" else FLAGS.precision
 
-    mesh = _data_parallel(backend, sections, batch)
-    if mesh is not None:
+    distribution = _data_parallel(backend, sections, batch)
+    if distribution is not None:
         result["config"]["devices"] = FLAGS.devices
     if needs_model:
         cfg, model, host_aug = build_training_model(shape, mean, std)
@@ -678,7 +678,7 @@ def run_bench():
         resident = []
         for _ in range(4):
             views = dev_aug(keras.ops.convert_to_tensor(uint8_batch()), training=True)
-            resident.append(tuple(_on_devices(keras.ops.convert_to_numpy(v), mesh) for v in views))
+            resident.append(tuple(_on_devices(keras.ops.convert_to_numpy(v), distribution) for v in views))
 
         if "a" in sections:
             print("a: model step only ...", flush=True)
@@ -799,7 +799,7 @@ def run_bench():
 
 def _data_parallel(backend, sections, batch):
     """With ``--devices=N > 1`` (JAX, section a only): Keras's DataParallel over the first N devices, set
-    before the model is built (its variables replicated, the batch split), and the mesh; else None."""
+    (before the model is built: its variables replicated) and returned; else None."""
     if FLAGS.devices <= 1:
         return None
     if backend != "jax" or set(sections) != {"a"}:
@@ -814,18 +814,16 @@ def _data_parallel(backend, sections, batch):
                              "must split evenly over them")
     distribution = keras.distribution.DataParallel(devices=devices[:FLAGS.devices])
     keras.distribution.set_distribution(distribution)
-    return jax.sharding.Mesh(np.array(devices[:FLAGS.devices]), ("batch",))
+    return distribution
 
 
-def _on_devices(array, mesh):
-    """``array`` on the default device, or split along its first axis over ``mesh``."""
+def _on_devices(array, distribution):
+    """``array`` on the default device, or split along its first axis by ``distribution``'s data layout."""
     import keras
 
-    if mesh is None:
+    if distribution is None:
         return keras.ops.convert_to_tensor(array)
-    import jax
-
-    return jax.device_put(array, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch")))
+    return keras.distribution.distribute_tensor(array, distribution.get_data_layout(array.shape))
 
 
 def _dataset_info(data_lib, images, shape, mean, std):
