@@ -4,8 +4,8 @@
 # p4 for the 4-process one) REPEATS times untraced, then once with --profile_steps on 5 steps of the last
 # epoch, summarised by benchmarks/trace_summary.py (TRACE=0: no traced run); g1 is the one-GPU reference.
 # Prints, per variant, the median over the repeats of each repeat's median ms a step (epochs FROM..EPOCHS),
-# the repeats' spread, and the weak-scaling efficiency against g1's; for knn1/knn4, the kNN monitor's
-# seconds per evaluation and the final kNN's.
+# the repeats' spread, the weak-scaling efficiency against g1's, and the epoch end (an epoch's wall clock
+# outside its steps, ms and share); for knn1/knn4, the kNN monitor's seconds per evaluation and the final kNN's.
 #
 #   VARIANTS="g1 base cmdbuf onepass lhs perdev p4" REPEATS=3 bash benchmarks/gpu/step_variants.sh
 #
@@ -72,17 +72,23 @@ runs, epochs, fixed, first, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3
 
 out = {}
 for v in variants:
-    parts = v.split("+")
-    one_gpu = bool({"g1", "knn1", "s1"} & set(parts))
-    name = "g1" if {"g1", "knn1"} & set(parts) else "s1" if "s1" in parts else "p4" if "p4" in parts else "g4"
+    parts = set(v.split("+"))
+    name = "g1" if {"g1", "knn1"} & parts else "s1" if "s1" in parts else "p4" if "p4" in parts else "g4"
     steps, images = (117, 512) if name == "g1" else (29, 2048)
     steps = int(fixed) if fixed else steps
-    repeats, knn, final = [], [], []  # per repeat: median ms a step over epochs FROM..EPOCHS
+    repeats, ends, knn, final = [], [], [], []  # per repeat: median ms a step over epochs FROM..EPOCHS
     for folder in sorted(glob.glob(os.path.join(runs, f"{v}-r*", name))):
         history = load(os.path.join(folder, "history.json")) or []
         ms = [1000 * e["step_seconds"] / steps for e in history if first <= e["epoch"] <= epochs and "step_seconds" in e]
         if ms:
             repeats.append(statistics.median(ms))
+        # the epoch end: an epoch's wall clock outside its steps (backup, history, the kNN monitor)
+        pairs = [(prev, e) for prev, e in zip(history, history[1:])
+                 if first <= e["epoch"] <= epochs and "step_seconds" in e and "wall_seconds" in e]
+        if pairs:
+            wall = sum(e["wall_seconds"] - prev["wall_seconds"] for prev, e in pairs)
+            outside = wall - sum(e["step_seconds"] for _, e in pairs)
+            ends.append((1000 * outside / len(pairs), outside / wall))
         knn += [e["knn_seconds"] for e in history if e.get("epoch", 0) >= 2 and "knn_seconds" in e]
         seconds = (load(os.path.join(folder, "metrics.json")) or {}).get("seconds", {})
         if "final_knn" in seconds:
@@ -90,7 +96,9 @@ for v in variants:
     if not repeats:
         continue
     median = statistics.median(repeats)
-    out[v] = {"repeat_medians_ms": repeats, "median_ms": median, "images_per_second": images * 1000 / median}
+    out[v] = {"gpus": 1 if name in ("g1", "s1") else 4, "repeat_medians_ms": repeats, "median_ms": median,
+              "images_per_second": images * 1000 / median,
+              "epoch_end_ms": [round(ms, 1) for ms, _ in ends], "epoch_end_share_of_wall": [round(f, 4) for _, f in ends]}
     if knn:
         out[v]["knn_monitor_seconds_median"] = statistics.median(knn)
     if final:
@@ -98,15 +106,16 @@ for v in variants:
 g1 = out.get("g1", {}).get("images_per_second")
 s1 = out.get("s1", {}).get("images_per_second")
 for v, r in out.items():
-    one_gpu = bool({"g1", "knn1", "s1"} & set(v.split("+")))
-    r["weak_efficiency"] = (r["images_per_second"] / (1 if one_gpu else 4) / g1) if g1 and v != "s1" else None
-    if s1 and not one_gpu:
+    r["weak_efficiency"] = (r["images_per_second"] / r["gpus"] / g1) if g1 and v != "s1" else None
+    if s1 and r["gpus"] > 1:
         r["strong_efficiency"] = r["images_per_second"] / (4 * s1)
     print(f"{v:7s} median {r['median_ms']:6.2f} ms/step over {len(r['repeat_medians_ms'])} repeats "
           f"(repeats {min(r['repeat_medians_ms']):.2f}-{max(r['repeat_medians_ms']):.2f})  "
           f"{r['images_per_second']:9.0f} images/s"
           + (f"  weak eff. {r['weak_efficiency']:.3f}" if r["weak_efficiency"] else "")
           + (f"  strong eff. {r['strong_efficiency']:.3f}" if r.get("strong_efficiency") else "")
+          + (f"  epoch end {statistics.median(r['epoch_end_ms']):.0f} ms "
+             f"({100 * statistics.median(r['epoch_end_share_of_wall']):.1f} % of the wall clock)" if r["epoch_end_ms"] else "")
           + (f"  kNN monitor {r['knn_monitor_seconds_median']:.2f} s" if "knn_monitor_seconds_median" in r else "")
           + (f"  final kNN {r['final_knn_seconds_median']:.2f} s" if "final_knn_seconds_median" in r else ""))
 json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp/step-variants"), "variants.json"), "w"), indent=1)
