@@ -251,6 +251,74 @@ def test_jax_two_processes_equal_one_process_with_two_devices_and_resume(tmp_pat
     _assert_same_weights(tmp_path / "one" / "model.weights.h5", tmp_path / "two" / "model.weights.h5")
 
 
+def test_jax_job_stops_at_one_step_when_one_process_is_signalled_and_resumes(tmp_path):
+    """A real SIGTERM to process 1 alone of a 2-process JAX job (CPU, gloo): both processes stop at the
+    step they agree on through the coordinator (process 1's step + the margin), neither waits for
+    the other for ever, both exit 143 (process 0 saves the backup); the same command resumes and
+    the job ends with one continuous history. Without the agreement (or with a margin of 3 steps)
+    process 0 went on stepping and the job hung until killed. The resumed half runs through
+    ``python -m uniclr_tf.launch``, which starts the processes itself."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO_ROOT
+
+    args = ["--flagfile=configs/quickstart.flags", "--method=simclr", "--encoder_width=8", "--projector_dims=64,32",
+            "--batch_size=32", "--max_examples=512", "--knn_max_train=256", "--warmup_epochs=0", "--epochs=4",
+            "--steps_per_epoch=30", "--knn_every=0", "--augment_on=device", "--strategy=data_parallel", "--nopictures",
+            f"--run_dir={tmp_path}", "--run_name=job"]
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT),
+           "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=1")}
+
+    def start_job():
+        port = _free_port()
+        return [subprocess.Popen([sys.executable, "-m", "uniclr_tf.train", *args, "--num_processes=2", f"--process_id={i}",
+                                  f"--coordinator_address=127.0.0.1:{port}"], cwd=REPO_ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+    history = tmp_path / "job" / "history.json"
+    procs = start_job()
+    deadline = time.monotonic() + 300
+    while not (history.exists() and history.read_text().strip()) and time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], [o[1][-2000:] for o in outs]
+    agreed = [line for o in outs for line in o[0].splitlines() if "the job stops at step" in line]
+    assert len(agreed) == 1 and agreed[0].startswith("process 1:"), agreed  # process 1 published, 0 followed
+    step = int(agreed[0].split("stops at step ")[1].split()[0])
+    state = json.loads((tmp_path / "job" / "backup" / "state.json").read_text())
+    assert state["step"] == step and state["reason"] == "SIGTERM"
+    assert step > 30 and "process 0 saved the backup" in outs[1][0] + outs[1][1]
+
+    launcher = subprocess.run([sys.executable, "-m", "uniclr_tf.launch", "--processes=2", f"--log_dir={tmp_path / 'logs'}",
+                               "--", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert launcher.returncode == 0, launcher.stdout[-2000:] + launcher.stderr[-3000:]
+    assert "launch: 2 processes" in launcher.stdout
+    assert f"resuming at epoch {step // 30 + 1}, step {step}" in launcher.stdout  # process 0 writes here
+    assert "resuming at" in (tmp_path / "logs" / "process-1.log").read_text()
+    assert [e["epoch"] for e in json.loads(history.read_text())] == [1, 2, 3, 4]
+
+
+def test_launch_builds_one_command_per_gpu_and_refuses_the_flags_it_sets():
+    from uniclr_tf import launch
+
+    jobs = launch.commands(["--flagfile=configs/simtrace.flags"], 2, ["3", "5"], 1234)
+    assert [env for _, env in jobs] == [{"KERAS_BACKEND": "jax", "CUDA_VISIBLE_DEVICES": "3"},
+                                        {"KERAS_BACKEND": "jax", "CUDA_VISIBLE_DEVICES": "5"}]
+    assert jobs[1][0][-5:] == ["--flagfile=configs/simtrace.flags", "--strategy=data_parallel", "--num_processes=2",
+                               "--process_id=1", "--coordinator_address=127.0.0.1:1234"]
+    kept = launch.commands(["--strategy=mirrored"], 1, [], 1)[0][0]
+    assert "--strategy=mirrored" in kept and "--strategy=data_parallel" not in kept
+    with pytest.raises(SystemExit, match="--process_id is set by the launcher"):
+        launch.commands(["--process_id=1"], 2, [], 1)
+
+
 def test_tf_two_workers_equal_one_worker_with_two_devices_and_resume(tmp_path):
     """The real train CLI under ``--strategy=multi_worker`` (tf.distribute.MultiWorkerMirroredStrategy,
     ``TF_CONFIG``, 2 worker processes on localhost with 1 CPU device each, tf.data auto-sharded) ends

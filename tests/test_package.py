@@ -27,7 +27,8 @@ from tests.conftest import REPO_ROOT
 import uniclr_tf
 
 SCRIPTS = {"uniclr-train": "uniclr_tf.train", "uniclr-eval": "uniclr_tf.linear_eval",
-           "uniclr-finetune": "uniclr_tf.finetune", "uniclr-export": "uniclr_tf.export"}
+           "uniclr-finetune": "uniclr_tf.finetune", "uniclr-export": "uniclr_tf.export",
+           "uniclr-launch": "uniclr_tf.launch"}
 PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE", "NOTICE")
 MIN_SETUPTOOLS = (77,)  # the SPDX `license = "Apache-2.0"` field of pyproject.toml
 
@@ -123,6 +124,7 @@ def test_installed_version_matches_the_module(venv, tmp_path):
     ("uniclr-export", ["--help"], ["--run_dir", "--out", "--check"]),
     ("uniclr-eval", ["--helpfull"], ["--run_dir", "--knn"]),
     ("uniclr-finetune", ["--help"], ["--run_dir", "--label_fraction", "fine-tuning recipe:"]),
+    ("uniclr-launch", ["--help"], ["--processes", "--log_dir", "One training job"]),
 ])
 def test_console_scripts_run(venv, tmp_path, script, args, expected):
     """The commands exist in the venv's bin/, run the same program as ``python -m`` and exit 0

@@ -396,3 +396,42 @@ def test_a_multi_process_snapshot_packs_this_process_copy_on_one_device():
     assert out["replicated"]  # the job's arrays span both devices
     assert out["packed"] and out["devices"] == 1
     assert out["exact"] and out["n"] > 4
+
+
+def test_a_backup_whose_compile_the_signal_killed_is_compiled_again(tmp_path, monkeypatch):
+    """A scheduler's SIGTERM also kills the compiler the backup's first compile runs (ptxas on GPUs):
+    with the signal pending, the failed snapshot is taken again and the backup the signal asks for is
+    written; without a signal the same error is raised as it is."""
+    import keras
+
+    from uniclr_tf import backup
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    real, calls = backup.snapshot, []
+
+    def snapshot_killed_once(m):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("INTERNAL: ptxas exited with non-zero error code 15, output: ")
+        return real(m)
+
+    monkeypatch.setattr(backup, "snapshot", snapshot_killed_once)
+
+    class Pending:
+        signal = signal.SIGTERM
+
+    for interrupts in (Pending(), None):
+        calls.clear()
+        writer = backup.Writer(str(tmp_path / str(interrupts is None)))
+        saver = backup.BackupCallback(writer, backup.Progress(4), interrupts=interrupts, stop_after_steps=2)
+        saver.set_model(model)
+        saver.on_epoch_begin(0)
+        if interrupts is None:  # --stop_after_steps's backup: no signal, so the failure is the failure
+            with pytest.raises(RuntimeError, match="ptxas"):
+                saver.on_train_batch_begin(2)
+            continue
+        with pytest.raises(backup.StopTraining, match="SIGTERM"):
+            saver.on_train_batch_begin(2)
+        writer.wait()
+        assert len(calls) == 2 and writer.last["step"] == 2 and writer.last["reason"] == "SIGTERM"

@@ -17,7 +17,10 @@ wait for the disk; the write is atomic (a new file through a temporary name, the
 replaced, then older weight files deleted), so a ``kill -9`` at any instant leaves a consistent
 pair. A backup is taken at every epoch end and at step boundaries: every ``every_s`` seconds, on
 SIGTERM / SIGINT, and after ``stop_after_steps`` steps of this invocation; the data stream is
-deterministic given the seed and is skipped to the backed-up step on resume.
+deterministic given the seed and is skipped to the backed-up step on resume. The processes of a JAX
+multi-process job stop on a signal at one step, agreed through the job's coordinator
+(:class:`StopAgreement`): each process's step is a collective, so a process stopping a step earlier
+than another would leave it waiting for ever.
 
 Exactness of a resume: the weights, optimizer, EMA target and its schedule, the step counter, the
 data order (the stream is deterministic given the seed and skipped to the backed-up step) and, on
@@ -498,6 +501,70 @@ class Interrupts:
         return False
 
 
+class StopAgreement:
+    """One stop step for every process of a JAX multi-process job, through the coordinator's key-value
+    store: the first process to want to stop (a signal at its step boundary ``k``) publishes
+    ``k + margin``; every process looks the key up at every ``check_every``-th step boundary (a lookup
+    costs ~0.1-0.4 ms: too much for every step) and stops at that step.
+
+    Why ``margin`` steps are enough: a host dispatches steps without waiting for its device, but at
+    most ``max_inflight_computations`` (32, XLA's GPU and CPU clients) ahead of it, and no device gets
+    a step ahead of another (every step holds collectives). When the step is published, no host is
+    past ``k + 33``, and each learns of it within ``check_every`` more of its own steps: ``margin`` >
+    33 + ``check_every``. A process that learns of the step after passing it says so and stops at
+    once (its peers would then wait for it). Polling from a background thread was tried and is not
+    enough: a host dispatches several steps in the poll's interval, however short."""
+
+    KEY = "uniclr_tf/stop_at"
+
+    def __init__(self, client, margin=64, check_every=16, process_id=0):
+        self.client, self.margin, self.check_every, self.process_id = client, int(margin), int(check_every), process_id
+        self.stop_at = self.reason = None
+
+    @classmethod
+    def for_job(cls):
+        """An agreement among the processes of this JAX job, or None (one process; no coordinator)."""
+        import jax
+        if keras.backend.backend() != "jax" or jax.process_count() <= 1:
+            return None
+        from jax._src import distributed
+        client = distributed.global_state.client
+        return cls(client, process_id=jax.process_index()) if client is not None else None
+
+    def _agree(self, value):
+        step, _, reason = str(value).partition(":")
+        self.reason, self.stop_at = reason or "stop", int(step)
+
+    def request(self, step, reason):
+        """This process wants to stop at step boundary ``step``: publishes ``step + margin`` unless
+        another process already did (then that step holds). Returns the agreed step."""
+        if self.stop_at is None:
+            value = f"{int(step) + self.margin}:{reason}"
+            try:
+                self.client.key_value_set(self.KEY, value)  # fails if another process published first
+            except Exception:
+                value = self.client.blocking_key_value_get(self.KEY, 60_000)
+            self._agree(value)
+            print(f"process {self.process_id}: the job stops at step {self.stop_at} ({self.reason}), "
+                  "one step for all its processes", flush=True)
+        return self.stop_at
+
+    def due(self, step):
+        """The reason to stop before step ``step`` (the agreed step is reached), else None; looks the
+        agreed step up every ``check_every`` steps until there is one."""
+        if self.stop_at is None and step % self.check_every == 0:
+            try:
+                self._agree(self.client.key_value_try_get(self.KEY))
+            except Exception:  # not published (NOT_FOUND)
+                return None
+        if self.stop_at is None or step < self.stop_at:
+            return None
+        if step > self.stop_at:
+            print(f"process {self.process_id}: learned of the job's stop at step {self.stop_at} only at step "
+                  f"{step}; stopping now (the other processes may wait for this one)", flush=True)
+        return self.reason
+
+
 class Progress:
     """Where training is: the optimizer steps done (counted on the host, no device sync)."""
 
@@ -539,8 +606,9 @@ class BackupCallback(keras.callbacks.Callback):
     check_min_s = 0.5
 
     def __init__(self, writer, progress, every_s=600.0, stop_after_steps=0, interrupts=None, method=None,
-                 before_write=None):
+                 before_write=None, agreement=None):
         super().__init__()
+        self.agreement = agreement  # a StopAgreement: several processes stop on a signal at one step
         self._last_check = time.monotonic()
         self.writer, self.progress = writer, progress
         self.before_write = before_write
@@ -559,7 +627,17 @@ class BackupCallback(keras.callbacks.Callback):
         if (not self.writer.enabled or p.step == p.initial_step
                 or (self.writer.last is not None and self.writer.last["step"] == p.step)):
             return  # not this process's job; no step yet in this invocation; or this step is backed up
-        values = snapshot(self.model)  # self.model synchronises the state on JAX
+        try:
+            values = snapshot(self.model)  # self.model synchronises the state on JAX
+        except Exception as e:
+            # A scheduler's SIGTERM reaches the whole process group: a compiler the snapshot's first
+            # compile had started (XLA's ptxas on GPUs) dies with it, and the compile fails. The signal
+            # has been delivered, so compiling again works, and the backup the signal asks for is saved.
+            if self.interrupts is None or self.interrupts.signal is None:
+                raise
+            print(f"the backup's compile failed as the signal arrived ({str(e).splitlines()[0][:200]}); "
+                  "compiling it again", flush=True)
+            values = snapshot(self.model)
         completed = p.step // p.steps_per_epoch
         after = self.before_write() if self.before_write is not None else None
         self.writer.submit(values, completed, p.step, reason, background=background, after=after)
@@ -568,19 +646,26 @@ class BackupCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         p = self.progress
         p.step = self._epoch_begin_step + batch  # steps done before this batch
-        if self.interrupts is not None and self.interrupts.signal is not None:
-            reason = signal.Signals(self.interrupts.signal).name
-        elif self.stop_after_steps and p.step - p.initial_step >= self.stop_after_steps:
+        reason = self._signal_stop(p.step)
+        if reason is None and self.stop_after_steps and p.step - p.initial_step >= self.stop_after_steps:
             reason = "stop_after_steps"
-        elif time.monotonic() - self._last_save >= self.every_s and not self.writer.busy:
+        if reason is None:
             self._check_divergence(batch)
-            self._backup("time")
-            return
-        else:
-            self._check_divergence(batch)
+            if time.monotonic() - self._last_save >= self.every_s and not self.writer.busy:
+                self._backup("time")
             return
         self._backup(reason, background=False)
         raise StopTraining(reason)
+
+    def _signal_stop(self, step):
+        """The signal's name when training must stop before ``step``: at once in one process; with
+        several, at the step the job agreed on (:class:`StopAgreement`), whichever process was signalled."""
+        signalled = self.interrupts is not None and self.interrupts.signal is not None
+        if self.agreement is None:
+            return signal.Signals(self.interrupts.signal).name if signalled else None
+        if signalled and self.agreement.stop_at is None:
+            self.agreement.request(step, signal.Signals(self.interrupts.signal).name)
+        return self.agreement.due(step)
 
     def _check_divergence(self, batch):
         """Raises :class:`TrainingDiverged` when the epoch's running mean of a loss term is non-finite

@@ -23,6 +23,7 @@ import dataclasses
 import errno
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -287,6 +288,7 @@ class Fit:
     writer: object
     progress: object
     interrupts: object = None
+    agreement: object = None  # backup.StopAgreement in a JAX job of several processes
     stopped: str = None
     seconds: float = 0.0
 
@@ -487,7 +489,8 @@ def _callbacks(ctx, ev, fit, interrupts):
         callbacks.insert(0, StepProfiler(os.path.join(ctx.run_dir, "profile"), *map(int, this.profile_steps)))
     saver = backup.BackupCallback(fit.writer, fit.progress, every_s=60.0 * this.backup_every_minutes,
                                   stop_after_steps=this.stop_after_steps, interrupts=interrupts,
-                                  method=cfg.method, before_write=fit.history.pending_write if chief else None)
+                                  method=cfg.method, before_write=fit.history.pending_write if chief else None,
+                                  agreement=fit.agreement)
     if chief:
         callbacks.append(fit.history)
     if data.have_tensorflow() and chief:  # Keras's TensorBoard callback writes through tf.summary
@@ -529,6 +532,7 @@ def _fit(ctx, ev):
                               epochs=_read_history(run_dir, completed_epochs) if ctx.chief else ()),
               backup.Writer(run_dir, method=cfg.method, enabled=ctx.chief, last=ctx.state),
               backup.Progress(ctx.steps_per_epoch, ctx.initial_step))
+    fit.agreement = backup.StopAgreement.for_job() if ctx.num_processes > 1 else None
     with backup.Interrupts() as fit.interrupts:
         callbacks = _callbacks(ctx, ev, fit, fit.interrupts)
         _announce(ctx)
@@ -629,10 +633,15 @@ def _stop_with_backup(ctx, fit):
     encoder of the backed-up weights), metrics.json says "interrupted"; raises TrainingStopped."""
     from uniclr_tf import backup
     stopped = fit.stopped
-    code = backup.EXIT_PAUSED if stopped == "stop_after_steps" else 128 + int(fit.interrupts.signal or 15)
+    # (a process of a job stopped by another process's signal stops with that signal's code)
+    signum = fit.interrupts.signal or getattr(signal.Signals, str(stopped), signal.SIGTERM)
+    code = backup.EXIT_PAUSED if stopped == "stop_after_steps" else 128 + int(signum)
     _save_encoder(ctx)
     if ctx.chief:
         _record_failure(ctx.run_dir, ctx.cfg, "interrupted", stopped, fit.progress)
+    else:  # process 0 writes the job's backup
+        raise backup.TrainingStopped(f"stopped with the job at step {fit.progress.step} ({stopped}); process 0 "
+                                     "saved the backup. Rerun the same command to resume.", code)
     last = fit.writer.last
     if last is None:  # stopped before its first step: nothing to back up
         raise backup.TrainingStopped(f"stopped before the first step ({stopped}); no backup was needed. Rerun "

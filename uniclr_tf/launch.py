@@ -1,0 +1,148 @@
+"""One training job over the GPUs of this machine as one process per GPU (JAX multi-controller).
+
+    python -m uniclr_tf.launch [--processes=N] -- --flagfile=configs/simtrace.flags --batch_size=2048
+    uniclr-launch [--processes=N] -- ...          (the same, installed)
+
+Starts N copies of ``python -m uniclr_tf.train`` with the arguments after ``--``, each with
+``CUDA_VISIBLE_DEVICES`` set to one GPU and ``--strategy=data_parallel --num_processes=N
+--process_id=i --coordinator_address=127.0.0.1:PORT`` added: the job of ``--num_processes`` without
+writing its N command lines. ``--batch_size`` is the global batch, as with one process.
+
+Why: one JAX process driving several GPUs spends its host thread's time enqueuing every GPU's
+kernels, and on H100s its step is host-bound (a traced 2-GPU step: 14-15 ms of enqueuing per GPU
+against 4 ms on one GPU); one process per GPU enqueues in parallel (2 × H100, ResNet-18 at 28 px,
+512 images per GPU: weak scaling 0.87 against 0.80; docs/results/scaling.md).
+
+Process 0 writes to this terminal; process i's output goes to ``<log_dir>/process-<i>.log``. The
+processes run in their own session, so a SIGTERM or SIGINT to this launcher (or to its process
+group, as schedulers send) reaches each once, through the launcher, and the job stops at one step
+with a backup (rerun the same command to resume). If one process fails, the others are stopped
+(they would wait for it for ever) and the launcher exits with the failed process's status.
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+#: Flags the launcher sets for every process; given after ``--`` they are an error.
+OWN_FLAGS = ("--num_processes", "--process_id", "--coordinator_address")
+
+
+def visible_gpus():
+    """The GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else those ``nvidia-smi -L``
+    lists (no GPU framework is imported here: the parent would hold memory on every GPU)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip() and g.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def commands(train_args, processes, gpus, port):
+    """``[(argv, extra environment)]`` of the job's processes."""
+    for flag in OWN_FLAGS:
+        if any(a == flag or a.startswith(flag + "=") for a in train_args):
+            raise SystemExit(f"uniclr_tf.launch: {flag} is set by the launcher; leave it out of the training flags")
+    if not any(a.startswith("--strategy") for a in train_args):
+        train_args = [*train_args, "--strategy=data_parallel"]
+    out = []
+    for i in range(processes):
+        env = {"KERAS_BACKEND": "jax", **({"CUDA_VISIBLE_DEVICES": gpus[i]} if gpus else {})}
+        out.append(([sys.executable, "-m", "uniclr_tf.train", *train_args, f"--num_processes={processes}",
+                     f"--process_id={i}", f"--coordinator_address=127.0.0.1:{port}"], env))
+    return out
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    ours, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(prog="python -m uniclr_tf.launch", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, default=0,
+                        help="processes (one GPU each; 0: one per visible GPU). On a machine without GPUs each "
+                             "process gets the CPU (for tests)")
+    parser.add_argument("--port", type=int, default=0, help="the coordinator's port on 127.0.0.1 (0: a free one)")
+    parser.add_argument("--log_dir", default="", help="where process i > 0 writes its output (default: a new "
+                                                      "temporary folder, printed)")
+    args = parser.parse_args(ours)
+    backend = os.environ.get("KERAS_BACKEND", "jax")
+    if backend != "jax":
+        parser.error(f"KERAS_BACKEND={backend}: the launcher starts a JAX multi-controller job; on TensorFlow use "
+                     "one process with --strategy=mirrored, or --strategy=multi_worker")
+    gpus = visible_gpus()
+    processes = args.processes or len(gpus)
+    if processes < 1:
+        parser.error("no GPU is visible (CUDA_VISIBLE_DEVICES, nvidia-smi): give --processes")
+    if gpus and processes > len(gpus):
+        parser.error(f"--processes={processes}: only {len(gpus)} GPUs are visible ({','.join(gpus)})")
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="uniclr-launch-")
+    os.makedirs(log_dir, exist_ok=True)
+    jobs = commands(train_args, processes, gpus[:processes] if gpus else [], args.port or free_port())
+    print(f"launch: {processes} processes" + (f" on GPUs {','.join(gpus[:processes])}" if gpus else "")
+          + f"; processes 1..{processes - 1} write to {log_dir}/process-<i>.log", flush=True)
+    procs, logs = [], []
+    for i, (cmd, env) in enumerate(jobs):
+        out = None if i == 0 else open(os.path.join(log_dir, f"process-{i}.log"), "w")
+        logs.append(out)
+        procs.append(subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                      start_new_session=True))
+
+    def forward(signum, frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _wait(procs)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        for f in logs:
+            if f is not None:
+                f.close()
+
+
+def _wait(procs, grace_s=60.0):
+    """The job's exit status: 0 if every process ended with 0, else the first failure's (a process that
+    fails leaves the others waiting for it: they are stopped after ``grace_s`` seconds)."""
+    failed_at = None
+    while any(p.poll() is None for p in procs):
+        codes = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        if codes and failed_at is None:
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+            for p in procs:
+                if p.poll() is None:
+                    print(f"launch: stopping process {procs.index(p)}, which a failed process left waiting", flush=True)
+                    p.kill()
+        time.sleep(0.2)
+    codes = [p.returncode if p.returncode >= 0 else 128 - p.returncode for p in procs]  # -9: killed, 137
+    for i, c in enumerate(codes):
+        if c:
+            print(f"launch: process {i} exited with {c}", flush=True)
+    return next((c for c in codes if c), 0)
+
+
+def entry_point():
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry_point()
