@@ -9,9 +9,10 @@ every repetition ends by waiting for the device, so asynchronous dispatch is cou
 * (a) ``a_model_only``: the compiled train step alone, on device-resident, already augmented views
   (a few batches rotated, so no input cost at all). The model is ``train.build_model`` +
   ``train.build_optimizer`` (``--optimizer``, LARS by default) under the ``--precision`` policy, the real training model.
-  On JAX also ``flops_per_image`` (XLA's count for the lowered step, before it is compiled for a platform:
-  the compiled GPU step's count leaves out the convolutions handed to cuDNN, ~95 % of a ResNet-50's) and
-  ``mfu`` against ``--peak_tflops`` per device (default: an H100 / H200's dense bf16 peak);
+  Also ``flops_per_image`` (the model's FLOPs a training step, counted from its convolutions and dense
+  layers; XLA's own count, ``xla_flops_per_image``, leaves out on GPUs the convolutions handed to cuDNN,
+  ~95 % of a ResNet-50's) and ``mfu`` against ``--peak_tflops`` per device (default: an H100 / H200's
+  dense bf16 peak);
   ``benchmarks/torch_r50_peer.py`` is its PyTorch peer at 224 px. ``--devices=N``: the step data-parallel
   over N devices (keras.distribution.DataParallel), ``--batch_size`` the global batch.
 * (b) ``b_host_aug``: end to end with the views made on the host. TensorFlow backend:
@@ -100,6 +101,9 @@ def define_flags():
     flags.DEFINE_integer("seed", 0, "Random seed.")
     flags.DEFINE_integer("devices", 1, "JAX, section a: data-parallel over this many local devices (keras.distribution."
                          "DataParallel, as train's --strategy=data_parallel); --batch_size is the global batch.")
+    flags.DEFINE_enum("batch_norm", "global", ["global", "global_one_pass", "per_device"],
+                      "Section a with --devices > 1: batch-norm statistics over the global batch or per device "
+                      "(train's --batch_norm).")
     flags.DEFINE_float("peak_tflops", 0.0, "Section a's MFU: the device's peak TFLOP/s (0: the dense bf16 peak of "
                        "an H100 / H200 when the device is one; else no MFU).")
     flags.DEFINE_string("label", "", "Free-form label stored in the JSON.")
@@ -218,13 +222,13 @@ def build_training_model(shape, mean, std):
                       projector_dims=tuple(_ints(FLAGS.projector_dims)), method=FLAGS.objective, **options,
                       batch_size=FLAGS.batch_size, optimizer=FLAGS.optimizer,
                       precision=FLAGS.precision, seed=FLAGS.seed, online_probe=False,
-                      augment_on="device", epochs=100, warmup_epochs=10)
+                      augment_on="device", epochs=100, warmup_epochs=10, batch_norm=FLAGS.batch_norm)
     keras.utils.set_random_seed(cfg.system.seed)
     if cfg.system.precision != "float32":
         keras.mixed_precision.set_global_policy(f"mixed_{cfg.system.precision}")
     info = types.SimpleNamespace(image_shape=tuple(shape), num_classes=None, mean=mean, std=std)
     device_aug = build_augmenter(cfg, info)
-    model = build_model(cfg, info, augmenter=device_aug)
+    model = build_model(cfg, info, augmenter=device_aug, devices=max(FLAGS.devices, 1))
     model.compile(optimizer=build_optimizer(cfg, steps_per_epoch=100), jit_compile=FLAGS.jit_compile)
     model.optimizer.build(model.trainable_variables)
     host_aug = build_augmenter(cfg, info)  # a separate instance (own random streams) for the host
@@ -235,13 +239,59 @@ def build_training_model(shape, mean, std):
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4}
 
 
-def model_flops_utilisation(step_flops, batch, images_per_s, device):
-    """``flops_per_image`` (XLA's count for the whole lowered step / the global batch) and, on a card of
-    ``PEAK_BF16_TFLOPS`` or with ``--peak_tflops``, ``mfu``: achieved FLOP/s over the peak of the
-    ``--devices`` devices."""
-    if not step_flops:
+def training_model_flops(model, image_shape, views=2):
+    """A training step's model FLOPs per image: ``views`` forwards through the encoder, projector and
+    predictor, times 3 (the backward pass computes two products per forward one). A forward counts
+    the convolutions and dense layers (2 FLOPs a multiply-add), with the output shapes of one real
+    forward of an ``image_shape`` image (encoders take any image size, so their layers' symbolic shapes
+    are unknown): what the MFU convention counts (the model's FLOPs, not the kernels'); normalisation,
+    activations and attention's own products are left out (under 1 % of a ResNet's count)."""
+    import numpy as np
+    heads = [m for m in (model.encoder, model.projector, getattr(model, "predictor", None)) if m is not None]
+    kinds = ("Conv2D", "Dense", "DepthwiseConv2D", "EinsumDense")
+    layers = [l for m in heads for l in m._flatten_layers(include_self=False) if type(l).__name__ in kinds]
+    shapes = {}
+
+    def recording(layer, call):
+        def record(*args, **kwargs):
+            out = call(*args, **kwargs)
+            shapes[id(layer)] = tuple(out.shape[1:])
+            return out
+        return record
+
+    for layer in layers:
+        layer.call = recording(layer, layer.call)
+    try:
+        x = np.zeros((1, *image_shape), "float32")
+        for m in heads:
+            x = m(x, training=False)
+    finally:
+        for layer in layers:
+            del layer.call  # the class's own again
+    forward = 0
+    for layer in layers:
+        out, kernel = shapes.get(id(layer), ()), tuple(layer.kernel.shape)
+        if type(layer).__name__ == "DepthwiseConv2D":
+            per_output = int(np.prod(kernel[:2]))
+        elif type(layer).__name__ == "EinsumDense":
+            per_output = int(np.prod(kernel)) // max(int(out[-1]), 1) if out else 0
+        else:
+            per_output = int(np.prod(kernel[:-1])) // max(getattr(layer, "groups", 1), 1)
+        forward += 2 * per_output * int(np.prod(out)) if out else 0
+    return 3 * views * forward
+
+
+def model_flops_utilisation(step_flops, batch, images_per_s, device, model_flops=0):
+    """``flops_per_image``: the model's FLOPs a training step per image (:func:`training_model_flops`)
+    when given, else XLA's count of the step / the global batch; ``xla_flops_per_image`` the latter
+    (on GPUs it leaves out the convolutions XLA hands to cuDNN: ResNet-50 at 224 px, 0.9 of ~49 GFLOP);
+    and, on a card of ``PEAK_BF16_TFLOPS`` or with ``--peak_tflops``, ``mfu``: achieved FLOP/s over the
+    peak of the ``--devices`` devices."""
+    if not step_flops and not model_flops:
         return {}
-    out = {"flops_per_image": step_flops / batch}
+    out = {"flops_per_image": model_flops or step_flops / batch}
+    if step_flops:
+        out["xla_flops_per_image"] = step_flops / batch
     peak = FLAGS.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in str(device)), 0.0)
     if peak:
         devices = max(FLAGS.devices, 1)
@@ -663,9 +713,11 @@ def run_bench():
     distribution = _data_parallel(backend, sections, batch)
     if distribution is not None:
         result["config"]["devices"] = FLAGS.devices
+        result["config"]["batch_norm"] = FLAGS.batch_norm
     if needs_model:
         cfg, model, host_aug = build_training_model(shape, mean, std)
         result["config"]["model_params"] = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+        model_flops = training_model_flops(model, shape)  # before the steps (JAX donates the variables)
         stepper = JaxStepper(model) if backend == "jax" else TfStepper(model)
         dev_aug = model.augmenter
 
@@ -686,7 +738,7 @@ def run_bench():
             r = timed(stepper, cycle(resident), steps, reps, warm, batch)
             r["compile_s"] = compile_s
             r.update(model_flops_utilisation(stepper.flops.get("views"), batch, r["images_per_s"],
-                                             result["environment"]["device"]))
+                                             result["environment"]["device"], model_flops))
             result["a_model_only"] = r
             save(result)
             print(f"   {r['images_per_s']:.0f} images/s", flush=True)

@@ -11,6 +11,8 @@
 #     g2  1 process x 2 GPUs (CUDA_VISIBLE_DEVICES=0,1, --strategy=data_parallel), batch 1024
 #     g4  1 process x 4 GPUs, batch 2048
 #     p4  4 processes x 1 GPU (--num_processes=4 --process_id=i --coordinator_address=127.0.0.1:PORT), batch 2048
+#     m2  2 processes x 1 GPU, batch 1024 (not in the default set: the multi-process layout on a 2-GPU machine)
+#     l2, l4  2 / 4 processes x 1 GPU started by python -m uniclr_tf.launch (not in the default set)
 #   strong scaling at the global batch STRONG (1024): s1 1 GPU; s2 = g2 (reused); s4 4 GPUs
 #   loss parity: p1 (1 GPU, GPUs P1_GPUS=0) and p2 (2 GPUs, data_parallel, P2_GPUS=1,2), --batch_size=1024
 #     --epochs=1 --steps_per_epoch=5 --seed=0; the two at once when their GPUs differ, else one after the other
@@ -24,7 +26,7 @@
 #
 # NCCL_DEBUG=INFO by default: the per-run summary lists the transports NCCL chose (P2P over NVLink, SHM...).
 # ONLY=p4r (not in the default set): p4 stopped by SIGTERM after STOP_EPOCH (1) epochs and run again; it must
-# resume and finish with one continuous history (its status line in RUNS/p4r.status).
+# resume and finish with one continuous history (its status line in RUNS/p4r.status). m2r: the same with m2.
 # Knobs: EPOCHS (4), LIMIT (100 s per run), ONLY, PER_GPU (512), STRONG (1024), PARITY_BATCH (1024),
 # P1_GPUS, P2_GPUS, RUNS (/tmp/scaling), PYTHON (python3), EXTRA (train flags placed right after the
 # flagfile, e.g. a smaller model), TAIL (train flags placed last: they override these defaults, e.g.
@@ -140,10 +142,26 @@ multi() {  # multi NAME N TRAIN_FLAGS...: N processes x 1 GPU, waited for
   record "$name" "$rc" "$secs" "$gpus" "$n"
 }
 
-resumed_multi() {  # p4r: 4 processes x 1 GPU stopped by a real SIGTERM to every process once STOP_EPOCH (1)
-  # epochs are in its history, then the same command again: it must resume and end with one continuous
-  # history (epochs 1..EPOCHS, each once). Its own status line: p4r.status (rc 0 only if all that held).
-  local name=p4r n=4 flags=(--batch_size=$((4 * PER_GPU))) stop_at=${STOP_EPOCH:-1}
+launched() {  # launched NAME N: N processes x 1 GPU through python -m uniclr_tf.launch, waited for
+  local name=$1 n=$2
+  rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
+  local gpus; gpus=$(seq -s, 0 $((n - 1)))
+  stamp "$name: python -m uniclr_tf.launch --processes=$n (CUDA_VISIBLE_DEVICES=$gpus)"
+  local t0; t0=$(now)
+  CUDA_VISIBLE_DEVICES="$gpus" timeout --kill-after=15 "$LIMIT" "$PY" -m uniclr_tf.launch --processes="$n" \
+    --log_dir="$LOGS/$name" -- "${COMMON[@]}" --run_name="$name" --batch_size=$((n * PER_GPU)) > "$LOGS/$name.log" 2>&1 &
+  last=$!; children+=("$last")
+  wait "$last"; local rc=$?
+  local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
+  stamp "$name: exit $rc after $secs s"
+  show "$LOGS/$name.log" $([ "$rc" = 0 ] && echo 8 || echo 40)
+  record "$name" "$rc" "$secs" "$gpus" "$n"
+}
+
+resumed_multi() {  # resumed_multi NAME N (p4r, m2r): N processes x 1 GPU stopped by a real SIGTERM to every process
+  # once STOP_EPOCH (1) epochs are in its history, then the same command again: it must resume and end with one
+  # continuous history (epochs 1..EPOCHS, each once). Its own status line: NAME.status (rc 0 only if all that held).
+  local name=$1 n=$2; local flags=(--batch_size=$((n * PER_GPU))) stop_at=${STOP_EPOCH:-1}
   rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
   local t0; t0=$(now)
   start_multi "$name" "$n" "${flags[@]}"
@@ -216,7 +234,11 @@ want g1 && single g1 0 --batch_size="$PER_GPU"
 want g2 && single g2 0,1 --batch_size=$((2 * PER_GPU)) --strategy=data_parallel
 want g4 && single g4 0,1,2,3 --batch_size=$((4 * PER_GPU)) --strategy=data_parallel
 want p4 && multi p4 4 --batch_size=$((4 * PER_GPU))
-want p4r && resumed_multi
+want p4r && resumed_multi p4r 4
+want m2 && multi m2 2 --batch_size=$((2 * PER_GPU))
+want m2r && resumed_multi m2r 2
+want l2 && launched l2 2
+want l4 && launched l4 4
 want s1 && single s1 0 --batch_size="$STRONG"
 if { want s1 || want s4; } && [ "$STRONG" != $((2 * PER_GPU)) ]; then
   echo "s2: STRONG=$STRONG is not g2's batch: the strong-scaling point at 2 GPUs is not measured"

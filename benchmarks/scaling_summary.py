@@ -15,7 +15,7 @@ Per run, with ``steps`` and ``batch`` (global) from ``config.json`` and epochs 2
 * ``images_per_s_wall``: (N − 1) · steps · batch / (``wall_seconds`` of epoch N − that of epoch 1)
   (everything between the two epoch ends: steps, backups, history writes);
 * ``per_gpu`` (and ``per_gpu_wall``): the rate divided by the run's GPUs;
-* ``weak_scaling_efficiency``: per-GPU rate / g1's per-GPU rate (g2, g4, p4; 512 images per GPU);
+* ``weak_scaling_efficiency``: per-GPU rate / g1's per-GPU rate (g2, g4, p4, m2, l2, l4; 512 images per GPU);
 * ``strong_scaling_efficiency``: s_k's rate / (k · s1's rate) at the same global batch (s2 is g2);
 * ``first_epoch_s``: ``wall_seconds`` of epoch 1 (the compile and the first epoch's steps).
 
@@ -35,6 +35,9 @@ LAYOUTS = {
     "g2": (2, 1, "1 process x 2 GPUs (data_parallel)", "weak"),
     "g4": (4, 1, "1 process x 4 GPUs (data_parallel)", "weak"),
     "p4": (4, 4, "4 processes x 1 GPU (data_parallel, NCCL)", "weak"),
+    "m2": (2, 2, "2 processes x 1 GPU (data_parallel, NCCL)", "weak"),
+    "l2": (2, 2, "2 processes x 1 GPU, python -m uniclr_tf.launch", "weak"),
+    "l4": (4, 4, "4 processes x 1 GPU, python -m uniclr_tf.launch", "weak"),
     "s1": (1, 1, "1 GPU", "strong"),
     "s4": (4, 1, "1 process x 4 GPUs (data_parallel)", "strong"),
     "p1": (1, 1, "1 GPU (loss parity)", "parity"),
@@ -130,7 +133,7 @@ def _parity(a, b, what):
 def summarize(runs):
     rows = {name: r for name in LAYOUTS if (r := run_row(runs, name)) is not None}
     g1 = rows.get("g1", {})
-    for name in ("g1", "g2", "g4", "p4"):
+    for name in ("g1", "g2", "g4", "p4", "m2", "l2", "l4"):
         if name in rows:
             rows[name]["weak_scaling_efficiency"] = _ratio(rows[name].get("per_gpu"), g1.get("per_gpu"))
             rows[name]["weak_scaling_efficiency_wall"] = _ratio(rows[name].get("per_gpu_wall"), g1.get("per_gpu_wall"))

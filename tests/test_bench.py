@@ -63,9 +63,9 @@ def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
 
 
 def test_jax_bench_reports_the_steps_flops_and_mfu(tmp_path):
-    """Section a on JAX: XLA's FLOP count of the compiled step per image, against the forward FLOPs of
-    the --quick model counted by hand (a training step is about 3 forwards: forward, and the backward's
-    two products per layer), and the MFU against ``--peak_tflops``."""
+    """Section a on JAX: the model's FLOPs a training step per image, exactly 3 forwards of the --quick
+    model counted by hand (forward, and the backward's two products per layer); XLA's count of the
+    step about that; and the MFU against ``--peak_tflops``."""
     env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = tmp_path / "bench.json"
@@ -77,31 +77,39 @@ def test_jax_bench_reports_the_steps_flops_and_mfu(tmp_path):
     # 16->32 at 4x4), projector 32-64-64-32; 2 FLOPs a multiply-add, two views an image.
     convs = 9 * 3 * 8 * 16 * 16 + 9 * 8 * 16 * 8 * 8 + 9 * 16 * 32 * 4 * 4
     forward = 2 * 2 * (convs + 32 * 64 + 64 * 64 + 64 * 32)
-    assert 2 < section["flops_per_image"] / forward < 4
+    assert section["flops_per_image"] == 3 * forward
+    assert 2 < section["xla_flops_per_image"] / forward < 4
     assert section["peak_tflops"] == 2
     assert section["mfu"] == pytest.approx(section["images_per_s"] * section["flops_per_image"] / 2e12)
 
 
 def test_jax_bench_data_parallel_step_is_the_one_device_step(tmp_path):
     """``--devices=2`` (two XLA CPU devices, Keras's DataParallel): the same global step as on one device
-    (the same loss after the same steps, the same FLOPs an image), its MFU over both devices' peak; and a
-    clear error for more devices than there are."""
+    (the same loss after the same steps, the same FLOPs an image), its MFU over both devices' peak; with
+    ``--batch_norm=per_device`` another loss (each device's statistics); and a clear error for more
+    devices than there are."""
     env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2",
                XLA_FLAGS="--xla_force_host_platform_device_count=2",
                PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = {devices: subprocess.Popen(
+    runs = {1: (1, "global"), 2: (2, "global"), 3: (3, "global"), "2pd": (2, "per_device")}
+    procs = {key: subprocess.Popen(
         [sys.executable, "-m", "benchmarks.bench", "--quick", "--sections=a", "--peak_tflops=2", "--precision=float32",
-         "--reps=1", f"--devices={devices}", f"--out={tmp_path / f'bench{devices}.json'}"],
-        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for devices in (1, 2, 3)}
+         "--reps=1", f"--devices={devices}", f"--batch_norm={bn}", f"--out={tmp_path / f'bench{key}.json'}"],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for key, (devices, bn) in runs.items()}
     sections = {}
-    for devices, proc in procs.items():
+    for key, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=300)
-        if devices == 3:
+        if key == 3:
             assert proc.returncode != 0 and "--devices=3: 2 devices here" in stderr, stderr[-2000:]
             continue
         assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
-        sections[devices] = json.loads((tmp_path / f"bench{devices}.json").read_text())["a_model_only"]
+        written = json.loads((tmp_path / f"bench{key}.json").read_text())
+        sections[key] = written["a_model_only"]
+        if key != 1:
+            assert written["config"]["batch_norm"] == runs[key][1]
     one, two = sections[1], sections[2]
+    assert abs(sections["2pd"]["final_loss"] - one["final_loss"]) > 1e-3 * abs(one["final_loss"])
     assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-4)
     assert two["flops_per_image"] == pytest.approx(one["flops_per_image"], rel=1e-6)
     assert two["mfu"] == pytest.approx(two["images_per_s"] * two["flops_per_image"] / (2 * 2e12))

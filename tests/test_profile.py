@@ -71,3 +71,27 @@ def test_trace_summary_splits_steps_and_separates_compute_from_collectives(tmp_p
     assert summary["host"]["enqueue_ms_per_step"] == {"0": 7.0, "1": 7.0}
     assert summary["host"]["graph_launches_per_device_step"] == 2  # 8 launches / (2 steps x 2 devices)
     assert trace_summary.busy([{"ts": 0, "dur": 5}, {"ts": 3, "dur": 5}, {"ts": 20, "dur": 1}]) == 9
+
+
+def test_trace_summary_times_kernel_kinds_and_compares_two_traces(tmp_path, capsys):
+    """Per step: the conv (2 ms), the fusion (2 ms) and the all-reduce (2 ms) by kind; a second trace
+    whose conv takes 3 ms shows +1 ms of conv/matmul and names that kernel first."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
+    import trace_summary
+    a, b = tmp_path / "a.json.gz", tmp_path / "b.json.gz"
+    _trace(a)
+    _trace(b)
+    with gzip.open(b, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    for e in events:
+        if e.get("name") == "conv":
+            e["dur"] = 3000
+    with gzip.open(b, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    sa = trace_summary.summarise(trace_summary.load(str(a)), gap_ms=2.5, min_kernels=1)
+    assert sa["kinds_ms_per_step"]["/device:GPU:0"] == {"conv/matmul": 2.0, "other fusion": 2.0, "nccl": 2.0}
+    assert sa["top_kernels_ms_per_step"]["/device:GPU:1"]["ncclDevKernel_AllReduce_Sum_f32_RING_LL"] == 2.0
+    trace_summary.main([str(a), "--compare", str(b), "--min_kernels=1"])
+    out = capsys.readouterr().out
+    assert "conv/matmul      A   2.000  B   3.000  B-A  +1.000" in out
+    assert out.split("differ most")[1].splitlines()[1].endswith("conv")

@@ -8,26 +8,30 @@
 # the summary gives, per batch and runner, the median and spread over the REPEATS runs and the ratio to
 # torch.compile. With DP=N (N > 1), each repeat also runs the bench's step data-parallel over N GPUs at N x the
 # batch (--devices=N, runner "keras-dpN"): its weak-scaling efficiency is its images/s over N x the one-GPU
-# step's of the same repeat (wall clock of the timed steps). Writes $OUT/r50-peer.json and $OUT/r50-peer.log. About 1.5 minutes per batch and repeat.
+# step's of the same repeat (wall clock of the timed steps); DP_BN=per_device adds the same data-parallel step with
+# per-device batch norm (runner "keras-dpNpd"); EAGER=0 leaves out PyTorch eager, TORCH=0 both PyTorch runs. Writes $OUT/r50-peer.json and $OUT/r50-peer.log. About 1.5 minutes per batch and repeat.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/r50-peer}; mkdir -p "$OUT" "$OUT/runs"
 BATCHES=${BATCHES:-128 256}; REPEATS=${REPEATS:-3}
 # a smoke test elsewhere: SIZE (224), STEPS (20) and REPS (5) of each run; PY / TORCH_PY the interpreters
 SIZE=${SIZE:-224}; STEPS=${STEPS:-20}; REPS=${REPS:-5}; PY=${PY:-python3}; TORCH_PY=${TORCH_PY:-python3}
-DP=${DP:-1}; ENCODER=${ENCODER:-resnet50}
+DP=${DP:-1}; ENCODER=${ENCODER:-resnet50}; DP_BN=${DP_BN:-}; EAGER=${EAGER:-1}; TORCH=${TORCH:-1}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax-cache-r50}  # repeats reuse the compile
-keras_step() {  # keras_step TAG DEVICES BATCH
-  "$PY" -m benchmarks.bench --sections=a --encoder="$ENCODER" --image_shape="$SIZE,$SIZE,3" --data=synthetic \
-    --num_images=$((4 * $3)) --objective=simaffinity --optimizer=sgd --batch_size="$3" --steps="$STEPS" --reps="$REPS" \
-    --devices="$2" --out="$OUT/runs/$1.json" 2>&1 | grep -E "images/s|error|Error" | sed "s/^/$1 /" | tee -a "$OUT/r50-peer.log"
+keras_step() {  # keras_step TAG DEVICES BATCH [BENCH FLAGS...]
+  local tag=$1 devices=$2 batch=$3; shift 3
+  "$PY" -m benchmarks.bench "$@" --sections=a --encoder="$ENCODER" --image_shape="$SIZE,$SIZE,3" --data=synthetic \
+    --num_images=$((4 * batch)) --objective=simaffinity --optimizer=sgd --batch_size="$batch" --steps="$STEPS" --reps="$REPS" \
+    --devices="$devices" --out="$OUT/runs/$tag.json" 2>&1 | grep -E "images/s|error|Error" | sed "s/^/$tag /" | tee -a "$OUT/r50-peer.log"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/r50-peer.log"
 for b in $BATCHES; do
   for ((r = 1; r <= REPEATS; r++)); do
     keras_step "keras-b$b-r$r" 1 "$b"
     [ "$DP" -gt 1 ] && keras_step "keras-dp$DP-b$b-r$r" "$DP" $((DP * b))
-    "$TORCH_PY" benchmarks/torch_r50_peer.py --batch_size "$b" --image_size "$SIZE" --steps "$STEPS" --reps "$REPS" --out "$OUT/runs/eager-b$b-r$r.json" 2>&1 \
+    [ "$DP" -gt 1 ] && [ "$DP_BN" = per_device ] && keras_step "keras-dp${DP}pd-b$b-r$r" "$DP" $((DP * b)) --batch_norm=per_device
+    [ "$TORCH" = 1 ] || continue
+    [ "$EAGER" = 1 ] && "$TORCH_PY" benchmarks/torch_r50_peer.py --batch_size "$b" --image_size "$SIZE" --steps "$STEPS" --reps "$REPS" --out "$OUT/runs/eager-b$b-r$r.json" 2>&1 \
       | tail -n 1 | tee -a "$OUT/r50-peer.log"
     "$TORCH_PY" benchmarks/torch_r50_peer.py --batch_size "$b" --image_size "$SIZE" --steps "$STEPS" --reps "$REPS" \
       --compile --out "$OUT/runs/compile-b$b-r$r.json" 2>&1 \
@@ -53,7 +57,7 @@ for (batch, runner), rs in sorted(runs.items()):
 compiled = {s["batch"]: s["images_per_s"] for s in summary if s["runner"] == "compile"}
 one_gpu = {s["batch"]: s["images_per_s"] for s in summary if s["runner"] == "keras"}
 for s in summary:  # data-parallel runs: weak-scaling efficiency against the one-GPU step at the same per-GPU batch
-    m = re.fullmatch(r"keras-dp(\d+)", s["runner"])
+    m = re.fullmatch(r"keras-dp(\d+)(?:pd)?", s["runner"])
     if m and s["batch"] in one_gpu:
         s["devices"] = int(m.group(1))
         s["weak_efficiency"] = s["images_per_s"] / (s["devices"] * one_gpu[s["batch"]])

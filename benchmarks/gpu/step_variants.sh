@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
-# Issue 26: what removes the fixed per-step cost of the 4-GPU step (docs/results/scaling.md, "A trace of
-# the 4-GPU step"). Each variant runs benchmarks/scaling.sh's g4 (1 process x 4 GPUs, 512 images per GPU;
-# p4 for the 4-process one) REPEATS times untraced, then once with --profile_steps on 5 steps of the last
-# epoch, summarised by benchmarks/trace_summary.py (TRACE=0: no traced run); g1 is the one-GPU reference.
+# Issue 26: what removes the fixed per-step cost of the multi-GPU step (docs/results/scaling.md). Each
+# variant runs benchmarks/scaling.sh's g4 (1 process x 4 GPUs, 512 images per GPU; p4 for the 4-process one),
+# or with GPUS=2 its g2 (m2 for 2 processes), REPEATS times untraced, then once with --profile_steps on 5
+# steps of the last epoch, summarised by benchmarks/trace_summary.py (TRACE=0: no traced run); g1 is the
+# one-GPU reference, and each traced variant's kernels are compared with g1's (trace_summary.py --compare).
 # Prints, per variant, the median over the repeats of each repeat's median ms a step (epochs FROM..EPOCHS),
 # the repeats' spread, the weak-scaling efficiency against g1's, and the epoch end (an epoch's wall clock
 # outside its steps, ms and share); for knn1/knn4, the kNN monitor's seconds per evaluation and the final kNN's.
 #
 #   VARIANTS="g1 base cmdbuf onepass lhs perdev p4" REPEATS=3 bash benchmarks/gpu/step_variants.sh
 #
-#   g1      one GPU, the reference                base    g4 as shipped
+#   g1      one GPU, the reference                base    g4 (GPUS=2: g2) as shipped
 #   cmdbuf  g4 with the NCCL collectives captured in XLA's CUDA graphs (--xla_gpu_enable_command_buffer=+COLLECTIVES)
 #   onepass g4 with --batch_norm=global_one_pass (one all-reduce for both BN statistics)
 # (measured on 4 x H100: docs/results/scaling.md, "Where 4 GPUs stand")
 #   lhs     g4 with XLA's latency-hiding scheduler   perdev  g4 with --batch_norm=per_device
-#   p4      4 processes x 1 GPU
-#   s1      one GPU at g4's global batch (2,048): strong scaling at that batch is g4 / (4 x s1)
+#   p4 (or p) GPUS processes x 1 GPU (scaling.sh's p4; m2 when GPUS=2)
+#   launch  the same started by python -m uniclr_tf.launch (scaling.sh's l4 / l2)
+#   s1      one GPU at base's global batch (GPUS x 512): strong scaling at that batch is base / (GPUS x s1)
 #   A+B     the two combined (e.g. p4+onepass, cmdbuf+perdev)
-#   knn1 / knn4  g1 / g4 with the kNN monitor every epoch on the whole 60,000-image bank (--knn_every=1
+#   knn1 / knn4  g1 / base with the kNN monitor every epoch on the whole 60,000-image bank (--knn_every=1
 #           --knn_max_train=0), for the evaluation's time on 1 and 4 GPUs
 # On 4 x H100 a variant of 3 untraced runs is ~1.5 minutes (50 s for the first run's compile, then ~25 s a run
 # from the compilation cache): split VARIANTS over several invocations of a time-limited job.
@@ -26,6 +28,8 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/step-variants}; RUNS=${RUNS:-/tmp/step-variants-runs}; mkdir -p "$OUT" "$RUNS"; export OUT
 VARIANTS=${VARIANTS:-g1 base cmdbuf onepass lhs perdev p4}; REPEATS=${REPEATS:-3}; EPOCHS=${EPOCHS:-6}
+GPUS=${GPUS:-4}  # 4 or 2: the multi-GPU runs' GPU count
+case "$GPUS" in 4) MULTI=g4; PROCS=p4 ;; 2) MULTI=g2; PROCS=m2 ;; *) echo "GPUS=$GPUS: 2 or 4"; exit 2 ;; esac
 # timed epochs FROM..EPOCHS: epoch 1 holds the compile (or the cache's load), and epoch 2 is often still up
 # to 2.5x slower than the later ones (on 4 x H100: 15.7 against 11.3 ms a step on one GPU)
 FROM=${FROM:-3}
@@ -35,12 +39,12 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # STEPS (a smoke test: --steps_per_epoch for every run) and EXTRA_ALL (flags for every run, e.g. a small model)
 STEPS=${STEPS:-}; EXTRA_ALL=${EXTRA_ALL:-}
 [ -n "$STEPS" ] && EXTRA_ALL="$EXTRA_ALL --steps_per_epoch=$STEPS"
-steps_per_epoch() { [ -n "$STEPS" ] && echo "$STEPS" && return; [ "$1" = g1 ] && echo 117 || echo 29; }  # 60,000 images at 512 / 2,048 (s1: 2,048 on one GPU)
+steps_per_epoch() { [ -n "$STEPS" ] && echo "$STEPS" && return; [ "$1" = g1 ] && echo 117 || echo $((60000 / (512 * GPUS))); }  # 60,000 images a batch of 512 / 512 x GPUS (s1 too)
 run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
-  local v=$1 only=g4 xla="" extra="$EXTRA_ALL" tail="" part
+  local v=$1 only=$MULTI xla="" extra="$EXTRA_ALL" tail="" part
   for part in ${v//+/ }; do  # a variant may combine several: p4+onepass, cmdbuf+perdev
     case "$part" in
-      g1) only=g1 ;; base) ;; p4) only=p4 ;; s1) only=s1 ;;
+      g1) only=g1 ;; base) ;; p4|p) only=$PROCS ;; s1) only=s1 ;; launch) only=l$GPUS ;;
       knn1) only=g1; tail="--knn_every=1 --knn_max_train=0" ;;
       knn4) tail="--knn_every=1 --knn_max_train=0" ;;
       cmdbuf) xla="$xla --xla_gpu_enable_command_buffer=+COLLECTIVES" ;;
@@ -56,25 +60,33 @@ run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
     local tag="$v-r$r" e="$extra"
     [ "$r" -gt "$REPEATS" ] && { tag="$v-trace"; e="$extra --profile_steps=$first,$last"; }
     echo "=== $(date -u +%T) $tag: ONLY=$only XLA_FLAGS='$xla' EXTRA='$e'"
-    XLA_FLAGS="$xla" STRONG=2048 RUNS="$RUNS/$tag" OUT="$RUNS/$tag" EPOCHS=$EPOCHS ONLY=$only EXTRA="$e" TAIL="$tail" LIMIT=${LIMIT:-120} \
+    XLA_FLAGS="$xla" STRONG=$((512 * GPUS)) RUNS="$RUNS/$tag" OUT="$RUNS/$tag" EPOCHS=$EPOCHS ONLY=$only EXTRA="$e" TAIL="$tail" LIMIT=${LIMIT:-120} \
       bash benchmarks/scaling.sh > "$RUNS/$tag.log" 2>&1
     echo "    exit $? ($(grep -c . "$RUNS/$tag.log") log lines)"
   done
-  [ -d "$RUNS/$v-trace/$only/profile" ] && "$PY" benchmarks/trace_summary.py "$RUNS/$v-trace/$only/profile" \
-    --json="$RUNS/$v-trace.summary.json" | tail -n 3
+  if [ -d "$RUNS/$v-trace/$only/profile" ]; then
+    local against=()  # every traced variant's kernels against the one-GPU step's, when g1 was traced first
+    [ "$v" != g1 ] && [ -f "$RUNS/g1-trace.summary.json" ] && against=(--compare="$RUNS/g1-trace.summary.json")
+    "$PY" benchmarks/trace_summary.py "$RUNS/$v-trace/$only/profile" --json="$RUNS/$v-trace.summary.json" "${against[@]}" \
+      > "$RUNS/$v-trace.summary.txt" 2>&1
+    tail -n 40 "$RUNS/$v-trace.summary.txt"
+  fi
 }
 for v in $VARIANTS; do run_variant "$v"; done 2>&1 | tee "$OUT/variants.log"
-"$PY" - "$RUNS" "$EPOCHS" "$STEPS" "$FROM" $VARIANTS <<'PYEOF' | tee -a "$OUT/variants.log"
+"$PY" - "$RUNS" "$EPOCHS" "$STEPS" "$FROM" "$GPUS" $VARIANTS <<'PYEOF' | tee -a "$OUT/variants.log"
 import glob, json, os, statistics, sys
 sys.path.insert(0, "benchmarks")
 from study import _json as load  # a JSON file's content, or None when missing or unreadable
-runs, epochs, fixed, first, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+runs, epochs, fixed, first, gpus, variants = (sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
+                                              sys.argv[6:])
+multi, procs = ("g4", "p4") if gpus == 4 else ("g2", "m2")
 
 out = {}
 for v in variants:
     parts = set(v.split("+"))
-    name = "g1" if {"g1", "knn1"} & parts else "s1" if "s1" in parts else "p4" if "p4" in parts else "g4"
-    steps, images = (117, 512) if name == "g1" else (29, 2048)
+    name = ("g1" if {"g1", "knn1"} & parts else "s1" if "s1" in parts else procs if {"p4", "p"} & parts
+            else f"l{gpus}" if "launch" in parts else multi)
+    steps, images = (117, 512) if name == "g1" else (60000 // (512 * gpus), 512 * gpus)
     steps = int(fixed) if fixed else steps
     repeats, ends, knn, final = [], [], [], []  # per repeat: median ms a step over epochs FROM..EPOCHS
     for folder in sorted(glob.glob(os.path.join(runs, f"{v}-r*", name))):
@@ -96,7 +108,7 @@ for v in variants:
     if not repeats:
         continue
     median = statistics.median(repeats)
-    out[v] = {"gpus": 1 if name in ("g1", "s1") else 4, "repeat_medians_ms": repeats, "median_ms": median,
+    out[v] = {"run": name, "gpus": 1 if name in ("g1", "s1") else gpus, "repeat_medians_ms": repeats, "median_ms": median,
               "images_per_second": images * 1000 / median,
               "epoch_end_ms": [round(ms, 1) for ms, _ in ends], "epoch_end_share_of_wall": [round(f, 4) for _, f in ends]}
     if knn:
@@ -108,7 +120,7 @@ s1 = out.get("s1", {}).get("images_per_second")
 for v, r in out.items():
     r["weak_efficiency"] = (r["images_per_second"] / r["gpus"] / g1) if g1 and v != "s1" else None
     if s1 and r["gpus"] > 1:
-        r["strong_efficiency"] = r["images_per_second"] / (4 * s1)
+        r["strong_efficiency"] = r["images_per_second"] / (r["gpus"] * s1)
     print(f"{v:7s} median {r['median_ms']:6.2f} ms/step over {len(r['repeat_medians_ms'])} repeats "
           f"(repeats {min(r['repeat_medians_ms']):.2f}-{max(r['repeat_medians_ms']):.2f})  "
           f"{r['images_per_second']:9.0f} images/s"
@@ -120,5 +132,5 @@ for v, r in out.items():
           + (f"  final kNN {r['final_knn_seconds_median']:.2f} s" if "final_knn_seconds_median" in r else ""))
 json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp/step-variants"), "variants.json"), "w"), indent=1)
 PYEOF
-tar -czf "$OUT/traces.tar.gz" -C "$RUNS" $(cd "$RUNS" && ls -d ./*.summary.json ./*.log 2>/dev/null) 2>/dev/null
+tar -czf "$OUT/traces.tar.gz" -C "$RUNS" $(cd "$RUNS" && ls -d ./*.summary.json ./*.summary.txt ./*.log 2>/dev/null) 2>/dev/null
 ls -la "$OUT"
