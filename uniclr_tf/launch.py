@@ -8,10 +8,10 @@ Starts N copies of ``python -m uniclr_tf.train`` with the arguments after ``--``
 --process_id=i --coordinator_address=127.0.0.1:PORT`` added: the job of ``--num_processes`` without
 writing its N command lines. ``--batch_size`` is the global batch, as with one process.
 
-Why: one JAX process driving several GPUs spends its host thread's time enqueuing every GPU's
-kernels, and on H100s its step is host-bound (a traced 2-GPU step: 14-15 ms of enqueuing per GPU
-against 4 ms on one GPU); one process per GPU enqueues in parallel (2 × H100, ResNet-18 at 28 px,
-512 images per GPU: weak scaling 0.87 against 0.80; docs/results/scaling.md).
+Why: one JAX process driving several GPUs is host-bound on H100s (in a traced 2-GPU step each GPU's
+enqueuing thread took 14-15 ms a step, against 4 ms for one GPU alone); with one process per GPU each
+enqueues in 7 ms (2 × H100, ResNet-18 at 28 px, 512 images per GPU: weak scaling 0.875 against 0.80;
+docs/results/scaling.md).
 
 Process 0 writes to this terminal; process i's output goes to ``<log_dir>/process-<i>.log``. The
 processes run in their own session, so a SIGTERM or SIGINT to this launcher (or to its process
