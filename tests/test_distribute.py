@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import PythonJob, run_python_snippets, xla_flags
 from uniclr_tf import methods
+from uniclr_tf.launch import free_port
 
 COMMON = r"""
 import json, os
@@ -191,13 +192,6 @@ def _assert_same_weights(path_a, path_b):
         np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_jax_two_processes_equal_one_process_with_two_devices_and_resume(tmp_path):
     """The real train CLI as a JAX multi-controller job of 2 processes (1 CPU device each, gloo
     collectives, each process feeding its half of every batch), stopped after 4 steps and resumed,
@@ -221,7 +215,7 @@ def test_jax_two_processes_equal_one_process_with_two_devices_and_resume(tmp_pat
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def start_job(*extra):
-        port = _free_port()
+        port = free_port()
         return [start(1, "--run_name=two", "--num_processes=2", f"--process_id={i}",
                       f"--coordinator_address=127.0.0.1:{port}", *extra) for i in range(2)]
 
@@ -275,7 +269,7 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_and_resumes(tmp
            "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=1")}
 
     def start_job():
-        port = _free_port()
+        port = free_port()
         return [subprocess.Popen([sys.executable, "-m", "uniclr_tf.train", *args, "--num_processes=2", f"--process_id={i}",
                                   f"--coordinator_address=127.0.0.1:{port}"], cwd=REPO_ROOT, env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -345,7 +339,7 @@ def test_tf_two_workers_equal_one_worker_with_two_devices_and_resume(tmp_path):
                                 env={**base_env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def start_job(*extra):
-        ports = [_free_port(), _free_port()]
+        ports = [free_port(), free_port()]
         cluster = {"worker": [f"localhost:{p}" for p in ports]}
         return [start({"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
                       "--strategy=multi_worker", *(extra or ("--run_name=two",))) for i in range(2)]

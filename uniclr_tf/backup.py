@@ -523,9 +523,12 @@ class StopAgreement:
 
     @classmethod
     def for_job(cls):
-        """An agreement among the processes of this JAX job, or None (one process; no coordinator)."""
+        """An agreement among the processes of this JAX job, or None (another backend, whose install
+        may lack JAX; one process; no coordinator)."""
+        if keras.backend.backend() != "jax":
+            return None
         import jax
-        if keras.backend.backend() != "jax" or jax.process_count() <= 1:
+        if jax.process_count() <= 1:
             return None
         from jax._src import distributed
         client = distributed.global_state.client

@@ -532,7 +532,7 @@ def _fit(ctx, ev):
                               epochs=_read_history(run_dir, completed_epochs) if ctx.chief else ()),
               backup.Writer(run_dir, method=cfg.method, enabled=ctx.chief, last=ctx.state),
               backup.Progress(ctx.steps_per_epoch, ctx.initial_step))
-    fit.agreement = backup.StopAgreement.for_job() if ctx.num_processes > 1 else None
+    fit.agreement = backup.StopAgreement.for_job()
     with backup.Interrupts() as fit.interrupts:
         callbacks = _callbacks(ctx, ev, fit, fit.interrupts)
         _announce(ctx)
