@@ -335,10 +335,10 @@ class JaxStepper:
                 "generated_code_size_in_bytes") if hasattr(m, k)}
         except Exception as e:  # not every platform reports it
             self.memory[name] = {"error": f"{type(e).__name__}: {e}"}
-        # XLA's count of the step's floating-point operations (for MFU), of the lowered step: the whole
-        # (unpartitioned) computation, with its convolutions. The compiled step's count is per device, and
-        # on GPUs leaves out the convolutions that became cuDNN calls (ResNet-50 at 224 px: 1.0 of 48.7
-        # GFLOP an image).
+        # XLA's count of the step's floating-point operations (``xla_flops_per_image``), of the lowered
+        # step when it has one: the whole (unpartitioned) computation, where the compiled step's count is
+        # per device. On GPUs both leave out the convolutions handed to cuDNN (ResNet-50 at 224 px: 0.9 of
+        # 46.4 GFLOP an image), hence the model's own count (training_model_flops) for the MFU.
         for source in (lowered, compiled):
             try:
                 cost = source.cost_analysis()

@@ -74,11 +74,13 @@ cleanup() {  # a time limit around this script (TERM): stop the runs too (each t
 }
 trap cleanup TERM INT
 
+ENTRY=(-m uniclr_tf.train)  # what launch runs; launched() starts the train CLI through uniclr_tf.launch
+PROCESSES=1                 # the processes a single() run starts (launched(): one per GPU)
 launch() {  # launch GPUS LOG TRAIN_FLAGS...: one train process in the background; its pid in $last
   local gpus=$1 log=$2; shift 2
   local env_=(CUDA_VISIBLE_DEVICES="$gpus")
-  [ -n "${CPU_DEVICES:-}" ] && env_+=(XLA_FLAGS="--xla_force_host_platform_device_count=$(ndev "$gpus")")
-  env "${env_[@]}" timeout --kill-after=15 "$LIMIT" "$PY" -m uniclr_tf.train "${COMMON[@]}" "$@" > "$log" 2>&1 &
+  [ -n "${CPU_DEVICES:-}" ] && env_+=(XLA_FLAGS="--xla_force_host_platform_device_count=$(($(ndev "$gpus") / PROCESSES))")
+  env "${env_[@]}" timeout --kill-after=15 "$LIMIT" "$PY" "${ENTRY[@]}" "${COMMON[@]}" "$@" > "$log" 2>&1 &
   last=$!
   children+=("$last")
 }
@@ -94,7 +96,7 @@ record() {  # record NAME RC SECONDS GPUS PROCESSES, then rewrite the summary
     || echo "scaling_summary failed (exit $?)"
 }
 
-single() {  # single NAME GPUS TRAIN_FLAGS...: one process on the GPUs named, waited for
+single() {  # single NAME GPUS TRAIN_FLAGS...: one process (PROCESSES, through ENTRY) on the GPUs named, waited for
   local name=$1 gpus=$2; shift 2
   rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
   stamp "$name: CUDA_VISIBLE_DEVICES=$gpus $*"
@@ -104,7 +106,7 @@ single() {  # single NAME GPUS TRAIN_FLAGS...: one process on the GPUs named, wa
   local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
   stamp "$name: exit $rc after $secs s"
   show "$LOGS/$name.log" $([ "$rc" = 0 ] && echo 8 || echo 40)
-  record "$name" "$rc" "$secs" "$gpus" 1
+  record "$name" "$rc" "$secs" "$gpus" "$PROCESSES"
 }
 
 start_multi() {  # start_multi NAME N TRAIN_FLAGS...: N processes x 1 GPU (GPU i for process i); pids in $pids
@@ -142,20 +144,10 @@ multi() {  # multi NAME N TRAIN_FLAGS...: N processes x 1 GPU, waited for
   record "$name" "$rc" "$secs" "$gpus" "$n"
 }
 
-launched() {  # launched NAME N: N processes x 1 GPU through python -m uniclr_tf.launch, waited for
+launched() {  # launched NAME N: N processes x 1 GPU started by python -m uniclr_tf.launch, waited for
   local name=$1 n=$2
-  rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
-  local gpus; gpus=$(seq -s, 0 $((n - 1)))
-  stamp "$name: python -m uniclr_tf.launch --processes=$n (CUDA_VISIBLE_DEVICES=$gpus)"
-  local t0; t0=$(now)
-  CUDA_VISIBLE_DEVICES="$gpus" timeout --kill-after=15 "$LIMIT" "$PY" -m uniclr_tf.launch --processes="$n" \
-    --log_dir="$LOGS/$name" -- "${COMMON[@]}" --run_name="$name" --batch_size=$((n * PER_GPU)) > "$LOGS/$name.log" 2>&1 &
-  last=$!; children+=("$last")
-  wait "$last"; local rc=$?
-  local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
-  stamp "$name: exit $rc after $secs s"
-  show "$LOGS/$name.log" $([ "$rc" = 0 ] && echo 8 || echo 40)
-  record "$name" "$rc" "$secs" "$gpus" "$n"
+  local PROCESSES=$n ENTRY=(-m uniclr_tf.launch --processes="$n" --log_dir="$LOGS/$name" --)
+  single "$name" "$(seq -s, 0 $((n - 1)))" --batch_size=$((n * PER_GPU))
 }
 
 resumed_multi() {  # resumed_multi NAME N (p4r, m2r): N processes x 1 GPU stopped by a real SIGTERM to every process

@@ -13,7 +13,7 @@
 #   g1      one GPU, the reference                base    g4 (GPUS=2: g2) as shipped
 #   cmdbuf  g4 with the NCCL collectives captured in XLA's CUDA graphs (--xla_gpu_enable_command_buffer=+COLLECTIVES)
 #   onepass g4 with --batch_norm=global_one_pass (one all-reduce for both BN statistics)
-# (measured on 4 x H100: docs/results/scaling.md, "Where 4 GPUs stand")
+# (measured on 4 x H100: docs/results/scaling.md, "Tried and slower")
 #   lhs     g4 with XLA's latency-hiding scheduler   perdev  g4 with --batch_norm=per_device
 #   p4 (or p) GPUS processes x 1 GPU (scaling.sh's p4; m2 when GPUS=2)
 #   launch  the same started by python -m uniclr_tf.launch (scaling.sh's l4 / l2)
@@ -56,6 +56,7 @@ run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
   done
   local spe last first
   spe=$(steps_per_epoch "$only"); last=$((spe * EPOCHS - 1)); first=$((last > 5 ? last - 4 : 1))
+  echo "$only $spe" > "$RUNS/$v.run"  # the summary below reads the run's name and steps an epoch here
   for ((r = 1; r <= REPEATS + (TRACE ? 1 : 0); r++)); do
     local tag="$v-r$r" e="$extra"
     [ "$r" -gt "$REPEATS" ] && { tag="$v-trace"; e="$extra --profile_steps=$first,$last"; }
@@ -73,21 +74,19 @@ run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
   fi
 }
 for v in $VARIANTS; do run_variant "$v"; done 2>&1 | tee "$OUT/variants.log"
-"$PY" - "$RUNS" "$EPOCHS" "$STEPS" "$FROM" "$GPUS" $VARIANTS <<'PYEOF' | tee -a "$OUT/variants.log"
+"$PY" - "$RUNS" "$EPOCHS" "$FROM" "$GPUS" $VARIANTS <<'PYEOF' | tee -a "$OUT/variants.log"
 import glob, json, os, statistics, sys
 sys.path.insert(0, "benchmarks")
 from study import _json as load  # a JSON file's content, or None when missing or unreadable
-runs, epochs, fixed, first, gpus, variants = (sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
-                                              sys.argv[6:])
-multi, procs = ("g4", "p4") if gpus == 4 else ("g2", "m2")
+runs, epochs, first, gpus, variants = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
 
 out = {}
 for v in variants:
-    parts = set(v.split("+"))
-    name = ("g1" if {"g1", "knn1"} & parts else "s1" if "s1" in parts else procs if {"p4", "p"} & parts
-            else f"l{gpus}" if "launch" in parts else multi)
-    steps, images = (117, 512) if name == "g1" else (60000 // (512 * gpus), 512 * gpus)
-    steps = int(fixed) if fixed else steps
+    try:  # the scaling.sh run this variant ran, and its steps an epoch (written by run_variant)
+        name, steps = open(os.path.join(runs, f"{v}.run")).read().split()
+    except OSError:
+        continue
+    steps, images = int(steps), 512 if name == "g1" else 512 * gpus
     repeats, ends, knn, final = [], [], [], []  # per repeat: median ms a step over epochs FROM..EPOCHS
     for folder in sorted(glob.glob(os.path.join(runs, f"{v}-r*", name))):
         history = load(os.path.join(folder, "history.json")) or []
