@@ -14,7 +14,9 @@ every repetition ends by waiting for the device, so asynchronous dispatch is cou
   ~95 % of a ResNet-50's) and ``mfu`` against ``--peak_tflops`` per device (default: an H100 / H200's
   dense bf16 peak);
   ``benchmarks/torch_r50_peer.py`` is its PyTorch peer at 224 px. ``--devices=N``: the step data-parallel
-  over N devices (keras.distribution.DataParallel), ``--batch_size`` the global batch.
+  over N devices (keras.distribution.DataParallel), ``--batch_size`` the global batch; with
+  ``--num_processes=N --process_id=i --coordinator_address=HOST:PORT`` the same step as a JAX job of N
+  processes (one GPU each: ``PROCS=N bash benchmarks/gpu/r50_peer.sh`` starts them), process 0 writing.
 * (b) ``b_host_aug``: end to end with the views made on the host. TensorFlow backend:
   ``data.pretrain_dataset`` with the ``ViewAugmenter`` mapped in tf.data (exactly what
   ``train --augment_on=host`` runs). JAX backend (no TensorFlow on the GPU machine): the same
@@ -101,6 +103,10 @@ def define_flags():
     flags.DEFINE_integer("seed", 0, "Random seed.")
     flags.DEFINE_integer("devices", 1, "JAX, section a: data-parallel over this many local devices (keras.distribution."
                          "DataParallel, as train's --strategy=data_parallel); --batch_size is the global batch.")
+    flags.DEFINE_integer("num_processes", 1, "JAX, section a: this process is one of N of a multi-controller job "
+                         "(one per GPU, as train's --num_processes); --devices counts every process's devices.")
+    flags.DEFINE_integer("process_id", 0, "With --num_processes > 1: this process's index in [0, N).")
+    flags.DEFINE_string("coordinator_address", "", "With --num_processes > 1: process 0's HOST:PORT.")
     flags.DEFINE_enum("batch_norm", "global", ["global", "global_one_pass", "per_device"],
                       "Section a with --devices > 1: batch-norm statistics over the global batch or per device "
                       "(train's --batch_norm).")
@@ -356,7 +362,8 @@ class JaxStepper:
 
     def sync(self):
         self.jax.block_until_ready(self.state)
-        return float(self.logs["loss"])
+        loss = self.logs["loss"]  # replicated; in a multi-process job only this process's copies are readable
+        return float(np.asarray(loss.addressable_data(0)) if hasattr(loss, "addressable_data") else loss)
 
 
 class TfStepper:
@@ -668,8 +675,11 @@ def output_path():
 
 
 def save(result):
-    """Writes the JSON (after every section, so a run stopped part-way keeps what it measured)."""
+    """Writes the JSON (after every section, so a run stopped part-way keeps what it measured); in a
+    multi-process job, process 0 only."""
     out = output_path()
+    if FLAGS.num_processes > 1 and FLAGS.process_id != 0:
+        return out
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
@@ -681,6 +691,7 @@ def run_bench():
 
     backend = keras.backend.backend()
     sections = [s.strip() for s in FLAGS.sections]
+    _join_processes(backend, sections)
     bad = [s for s in sections if s not in SECTIONS]
     if bad:
         raise app.UsageError(f"--sections: unknown {bad}; expected some of {list(SECTIONS)}")
@@ -713,6 +724,7 @@ def run_bench():
     distribution = _data_parallel(backend, sections, batch)
     if distribution is not None:
         result["config"]["devices"] = FLAGS.devices
+        result["config"]["processes"] = FLAGS.num_processes
         result["config"]["batch_norm"] = FLAGS.batch_norm
     if needs_model:
         cfg, model, host_aug = build_training_model(shape, mean, std)
@@ -864,18 +876,39 @@ def _data_parallel(backend, sections, batch):
     if FLAGS.devices > len(devices) or batch % FLAGS.devices:
         raise app.UsageError(f"--devices={FLAGS.devices}: {len(devices)} devices here, and --batch_size={batch} "
                              "must split evenly over them")
+    if FLAGS.num_processes > 1 and FLAGS.devices != len(devices):
+        raise app.UsageError(f"--devices={FLAGS.devices}: a {FLAGS.num_processes}-process job runs on all its "
+                             f"{len(devices)} devices")
     distribution = keras.distribution.DataParallel(devices=devices[:FLAGS.devices])
     keras.distribution.set_distribution(distribution)
     return distribution
 
 
+def _join_processes(backend, sections):
+    """With ``--num_processes > 1``: joins the multi-controller job (before any JAX computation)."""
+    if FLAGS.num_processes <= 1:
+        return
+    if backend != "jax" or set(sections) != {"a"}:
+        raise app.UsageError(f"--num_processes={FLAGS.num_processes} is for the JAX backend's section a only "
+                             f"(backend {backend}, --sections={','.join(sections)})")
+    from uniclr_tf import distribute
+
+    distribute.initialize_processes(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+
+
 def _on_devices(array, distribution):
-    """``array`` on the default device, or split along its first axis by ``distribution``'s data layout."""
+    """``array`` on the default device, or split along its first axis by ``distribution``'s data layout
+    (in a multi-process job each process places only its own devices' rows)."""
     import keras
 
     if distribution is None:
         return keras.ops.convert_to_tensor(array)
-    return keras.distribution.distribute_tensor(array, distribution.get_data_layout(array.shape))
+    layout = distribution.get_data_layout(array.shape)
+    if FLAGS.num_processes > 1:
+        import jax
+
+        return jax.make_array_from_callback(array.shape, layout.backend_layout, lambda index: array[index])
+    return keras.distribution.distribute_tensor(array, layout)
 
 
 def _dataset_info(data_lib, images, shape, mean, std):

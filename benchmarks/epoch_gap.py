@@ -7,7 +7,7 @@ the epoch-end and epoch-start work timed.
 Everything after ``--`` goes to the train CLI. The *gap* of an epoch is the wall-clock from the end
 of its steps (:class:`uniclr_tf.callbacks.StepClock`'s ``on_epoch_end``: Keras has fetched the last
 step's logs) to the start of the next epoch (``StepClock.on_epoch_begin``): the device is idle then.
-Its pieces: each callback's ``on_epoch_end`` (the backup's snapshot apart), Keras's
+Its pieces: each callback's ``on_epoch_end`` (the backup's snapshot apart), the model's
 ``reset_metrics`` and the ``on_epoch_begin`` hooks. Also timed, in the backup writer's thread (off
 the training thread): the fetch to the host, the finite check, the file write. Prints medians (the
 first two epochs left out: compiles) and writes them with every sample to ``--out``.
@@ -45,11 +45,11 @@ def _timed(owner, name, label):
 
 def instrument(variant):
     from keras.src.callbacks import callback_list, history, progbar_logger
-    from keras.src.trainers import trainer as keras_trainer
 
     from uniclr_tf import backup, callbacks
+    from uniclr_tf.model import UniCLR
 
-    _timed(keras_trainer.Trainer, "reset_metrics", "keras reset_metrics")
+    _timed(UniCLR, "reset_metrics", "reset_metrics")  # the model's own (one compiled call on JAX)
     try:
         from keras.src.backend.jax import trainer as jax_trainer
         _timed(jax_trainer.JAXTrainer, "jax_state_sync", "keras jax_state_sync (in the steps' time)")
