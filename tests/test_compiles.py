@@ -17,6 +17,7 @@ ALLOWED_IN_FIT = {
     "features",         # the kNN monitor's encoder on a batch (evaluation._device_feature_batches)
     "knn_eval_device",  # the monitor's kNN votes + effective rank (evaluation._device_knn_program)
     "pack",             # the backup's device copy of the variables (backup.Packed)
+    "zeros",            # the loss trackers' zeros before each epoch (UniCLR.reset_metrics)
 }
 # After fit: the final kNN reuses the monitor's programs; the pictures compile their augmentation.
 ALLOWED_AFTER_FIT = {"augment_views"}  # views.png's augmenter call (pictures._augment)

@@ -174,7 +174,10 @@ def device_augmentation():
     for _ in range(2):
         ours = {k: float(v) for k, v in model.get_metrics_result().items()}
         assert ours == {m.name: float(m.result()) for m in model.metrics}, ours
-        model.reset_metrics()
+        layout = [(v.path, str(v.dtype), tuple(v.shape)) for m in model.metrics for v in m.variables]
+        model.reset_metrics()  # on JAX one compiled call of zeros (model._zeros_on_devices)
+        assert [(v.path, str(v.dtype), tuple(v.shape)) for m in model.metrics for v in m.variables] == layout
+        assert not any(np.any(np.asarray(v.value)) for m in model.metrics for v in m.variables)
     return losses
 
 OUT = {"parity": {o: parity(o, os.path.join(__TMP__, o + ".weights.h5")) for o in ("simaffinity", "simtrace")},
