@@ -11,7 +11,7 @@ writing its N command lines. ``--batch_size`` is the global batch, as with one p
 Why: one JAX process driving several GPUs is host-bound on H100s (in a traced 2-GPU step each GPU's
 enqueuing thread took 14-15 ms a step, against 4 ms for one GPU alone); with one process per GPU each
 enqueues in 7 ms (2 × H100, ResNet-18 at 28 px, 512 images per GPU: weak scaling 0.875 against 0.80;
-docs/results/scaling.md).
+4 × H200: 0.81 against 0.69; docs/results/scaling.md).
 
 Process 0 writes to this terminal; process i's output goes to ``<log_dir>/process-<i>.log``. The
 processes run in their own session, so a SIGTERM or SIGINT to this launcher (or to its process
