@@ -862,13 +862,12 @@ def run_bench():
 
 
 def _data_parallel(backend, sections, batch):
-    """With ``--devices=N > 1`` (JAX, section a only): Keras's DataParallel over the first N devices, set
-    (before the model is built: its variables replicated) and returned; else None."""
-    if FLAGS.devices <= 1:
+    """With ``--devices=N > 1`` or several processes (JAX, section a only): Keras's DataParallel over the
+    first N devices (a job of several processes: all of them), set (before the model is built: its
+    variables replicated) and returned; else None."""
+    if FLAGS.devices <= 1 and FLAGS.num_processes <= 1:
         return None
-    if backend != "jax" or set(sections) != {"a"}:
-        raise app.UsageError(f"--devices={FLAGS.devices} is for the JAX backend's section a only "
-                             f"(backend {backend}, --sections={','.join(sections)})")
+    _require_jax_section_a(f"--devices={FLAGS.devices}", backend, sections)
     import jax
     import keras
 
@@ -884,13 +883,18 @@ def _data_parallel(backend, sections, batch):
     return distribution
 
 
+def _require_jax_section_a(flag, backend, sections):
+    """Several devices or processes are for the JAX backend's section a only: else a usage error naming ``flag``."""
+    if backend != "jax" or set(sections) != {"a"}:
+        raise app.UsageError(f"{flag} is for the JAX backend's section a only "
+                             f"(backend {backend}, --sections={','.join(sections)})")
+
+
 def _join_processes(backend, sections):
     """With ``--num_processes > 1``: joins the multi-controller job (before any JAX computation)."""
     if FLAGS.num_processes <= 1:
         return
-    if backend != "jax" or set(sections) != {"a"}:
-        raise app.UsageError(f"--num_processes={FLAGS.num_processes} is for the JAX backend's section a only "
-                             f"(backend {backend}, --sections={','.join(sections)})")
+    _require_jax_section_a(f"--num_processes={FLAGS.num_processes}", backend, sections)
     from uniclr_tf import distribute
 
     distribute.initialize_processes(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)

@@ -13,6 +13,7 @@ import pytest
 from keras import ops
 
 from uniclr_tf import objectives as obj
+from uniclr_tf.launch import free_port
 from uniclr_tf import whitening
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -62,13 +63,6 @@ def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
     assert 0 < result["ratios"]["c_device_aug/a_model_only"]
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def jax_bench_runs(tmp_path_factory):
     """Section a of the --quick bench on JAX (float32, --peak_tflops=2), run at once: on one device
@@ -88,7 +82,7 @@ def jax_bench_runs(tmp_path_factory):
         [*common, f"--devices={devices}", f"--batch_norm={bn}", f"--out={tmp_path / f'bench{key}.json'}"],
         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for key, (devices, bn) in runs.items()}
-    port = _free_port()
+    port = free_port()
     for pid in (0, 1):
         procs[f"2p-{pid}"] = subprocess.Popen(
             [*common, "--devices=2", "--num_processes=2", f"--process_id={pid}",

@@ -20,23 +20,25 @@ BATCHES=${BATCHES:-128 256}; REPEATS=${REPEATS:-3}
 SIZE=${SIZE:-224}; STEPS=${STEPS:-20}; REPS=${REPS:-5}; PY=${PY:-python3}; TORCH_PY=${TORCH_PY:-python3}
 DP=${DP:-1}; PROCS=${PROCS:-1}; PROCS_XLA=${PROCS_XLA:-}; ENCODER=${ENCODER:-resnet50}; DP_BN=${DP_BN:-}; EAGER=${EAGER:-1}; TORCH=${TORCH:-1}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax-cache-r50}  # repeats reuse the compile
-keras_step() {  # keras_step TAG DEVICES BATCH [BENCH FLAGS...]
-  local tag=$1 devices=$2 batch=$3; shift 3
-  "$PY" -m benchmarks.bench "$@" --sections=a --encoder="$ENCODER" --image_shape="$SIZE,$SIZE,3" --data=synthetic \
-    --num_images=$((4 * batch)) --objective=simaffinity --optimizer=sgd --batch_size="$batch" --steps="$STEPS" --reps="$REPS" \
-    --devices="$devices" --out="$OUT/runs/$tag.json" 2>&1 | grep -E "images/s|error|Error" | sed "s/^/$tag /" | tee -a "$OUT/r50-peer.log"
+bench_cmd() {  # bench_cmd TAG DEVICES BATCH: the bench's command line of a Keras runner, in the array $cmd
+  cmd=("$PY" -m benchmarks.bench --sections=a --encoder="$ENCODER" --image_shape="$SIZE,$SIZE,3" --data=synthetic
+       --num_images=$((4 * $3)) --objective=simaffinity --optimizer=sgd --batch_size="$3" --steps="$STEPS"
+       --reps="$REPS" --devices="$2" --out="$OUT/runs/$1.json")
+}
+report() { grep -E "images/s|error|Error" | sed "s/^/$1 /" | tee -a "$OUT/r50-peer.log"; }  # report TAG < output
+keras_step() {  # keras_step TAG DEVICES BATCH [BENCH FLAGS...]: one process on DEVICES GPUs
+  local tag=$1 cmd; bench_cmd "$@"; shift 3
+  "${cmd[@]}" "$@" 2>&1 | report "$tag"
 }
 keras_procs() {  # keras_procs TAG PROCESSES BATCH: the step as PROCESSES processes x 1 GPU, one JAX job
-  local tag=$1 n=$2 batch=$3 port=$((20000 + RANDOM % 20000)) pids=() i
+  local tag=$1 n=$2 port=$((20000 + RANDOM % 20000)) pids=() i cmd; bench_cmd "$@"
   for ((i = n - 1; i >= 0; i--)); do  # process 0 last, in the foreground of the log
-    CUDA_VISIBLE_DEVICES=$i "$PY" -m benchmarks.bench --sections=a --encoder="$ENCODER" --image_shape="$SIZE,$SIZE,3" \
-      --data=synthetic --num_images=$((4 * batch)) --objective=simaffinity --optimizer=sgd --batch_size="$batch" \
-      --steps="$STEPS" --reps="$REPS" --devices="$n" --num_processes="$n" --process_id=$i \
-      --coordinator_address=127.0.0.1:$port --out="$OUT/runs/$tag.json" > "$OUT/runs/$tag.p$i.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=$i "${cmd[@]}" --num_processes="$n" --process_id=$i --coordinator_address=127.0.0.1:$port \
+      > "$OUT/runs/$tag.p$i.log" 2>&1 &
     pids+=($!)
   done
   wait "${pids[@]}"
-  grep -E "images/s|error|Error" "$OUT/runs/$tag.p0.log" | sed "s/^/$tag /" | tee -a "$OUT/r50-peer.log"
+  report "$tag" < "$OUT/runs/$tag.p0.log"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/r50-peer.log"
 for b in $BATCHES; do
