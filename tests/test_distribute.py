@@ -5,6 +5,8 @@ initial weights: the losses and the weights after k steps must agree to 1e-5 (th
 affinity/covariance, the synchronized BN and the replica loss scaling must all be right).
 """
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -311,6 +313,78 @@ def test_launch_builds_one_command_per_gpu_and_refuses_the_flags_it_sets():
     assert "--strategy=mirrored" in kept and "--strategy=data_parallel" not in kept
     with pytest.raises(SystemExit, match="--process_id is set by the launcher"):
         launch.commands(["--process_id=1"], 2, [], 1)
+
+
+def _stubborn_children(n):
+    """n processes started as the launcher starts the job's, each ignoring SIGTERM (as a process hung in a
+    collective never reaches its stop step), once each has said it is ready."""
+    import subprocess
+    import sys
+
+    from uniclr_tf import launch
+
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+            "time.sleep(120)")
+    procs = [launch.start([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    assert [p.stdout.readline().strip() for p in procs] == ["ready"] * n
+    return procs
+
+
+def test_launch_kills_processes_that_do_not_stop_after_the_signal_or_on_a_second_one(capsys):
+    import signal
+    import time
+
+    from uniclr_tf import launch
+
+    job = launch.Job(_stubborn_children(2), stop_timeout_s=1.0)
+    started = time.monotonic()
+    job.forward(signal.SIGTERM)
+    assert job.wait() == 137 and 1.0 < time.monotonic() - started < 30
+    out = capsys.readouterr().out
+    assert out.count("not stopped 1 s after the signal") == 2 and "process 1 exited with 137" in out
+
+    job = launch.Job(_stubborn_children(1), stop_timeout_s=0)  # 0: wait for ever, but a second signal kills
+    job.forward(signal.SIGTERM)
+    time.sleep(0.5)
+    assert job.procs[0].poll() is None
+    job.forward(signal.SIGINT)
+    assert job.wait() == 137 and "killing process 0 (a second signal)" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+def test_launch_processes_die_with_a_killed_launcher(tmp_path):
+    """A launcher killed with SIGKILL (``timeout --kill-after``, a scheduler) takes its processes with it:
+    before, they ran on in their own sessions, holding their GPUs, when hung in a collective."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import REPO_ROOT
+
+    parent = subprocess.Popen([sys.executable, "-c", "import sys, time; from uniclr_tf import launch; "
+                               "p = launch.start([sys.executable, '-c', 'import time; time.sleep(120)']); "
+                               "print(p.pid, flush=True); time.sleep(120)"],
+                              cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE,
+                              text=True)
+    child = int(parent.stdout.readline())
+
+    def alive():
+        try:
+            with open(f"/proc/{child}/status") as f:
+                return "\nState:\tZ" not in f.read()  # a zombie has ended
+        except FileNotFoundError:
+            return False
+
+    assert alive()
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive():
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the launcher's process outlived it")
 
 
 def test_tf_two_workers_equal_one_worker_with_two_devices_and_resume(tmp_path):

@@ -11,16 +11,22 @@ writing its N command lines. ``--batch_size`` is the global batch, as with one p
 Why: one JAX process driving several GPUs is host-bound on H100s (in a traced 2-GPU step each GPU's
 enqueuing thread took 14-15 ms a step, against 4 ms for one GPU alone); with one process per GPU each
 enqueues in 7 ms (2 × H100, ResNet-18 at 28 px, 512 images per GPU: weak scaling 0.875 against 0.80;
-4 × H200: 0.81 against 0.69; docs/results/scaling.md).
+4 × H100: 0.83 against 0.75; benchmarks/SCALING.md).
 
 Process 0 writes to this terminal; process i's output goes to ``<log_dir>/process-<i>.log``. The
 processes run in their own session, so a SIGTERM or SIGINT to this launcher (or to its process
 group, as schedulers send) reaches each once, through the launcher, and the job stops at one step
 with a backup (rerun the same command to resume). If one process fails, the others are stopped
 (they would wait for it for ever) and the launcher exits with the failed process's status.
+
+A job never outlives its launcher: a process still running ``--stop_timeout`` seconds after the
+signal (one hung in a collective never reaches the agreed step) is killed, a second signal kills
+every process at once, and on Linux each process is killed when the launcher dies (a ``SIGKILL``,
+e.g. from ``timeout --kill-after``), instead of running on as an orphan that holds its GPU.
 """
 
 import argparse
+import ctypes
 import os
 import shutil
 import signal
@@ -78,6 +84,9 @@ def main(argv=None):
                         help="processes (one GPU each; 0: one per visible GPU). On a machine without GPUs each "
                              "process gets the CPU (for tests)")
     parser.add_argument("--port", type=int, default=0, help="the coordinator's port on 127.0.0.1 (0: a free one)")
+    parser.add_argument("--stop_timeout", type=float, default=300.0,
+                        help="seconds the processes get to stop at one step after a SIGTERM or SIGINT before they are "
+                             "killed (0: wait for ever); a second signal kills them at once")
     parser.add_argument("--log_dir", default="", help="where process i > 0 writes its output (default: a new "
                                                       "temporary folder, printed)")
     args = parser.parse_args(ours)
@@ -100,17 +109,11 @@ def main(argv=None):
     for i, (cmd, env) in enumerate(jobs):
         out = None if i == 0 else open(os.path.join(log_dir, f"process-{i}.log"), "w")
         logs.append(out)
-        procs.append(subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                      start_new_session=True))
-
-    def forward(signum, frame):
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        procs.append(start(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT if out else None))
+    job = Job(procs, stop_timeout_s=args.stop_timeout)
+    previous = {s: signal.signal(s, job.forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return _wait(procs)
+        return job.wait()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -119,25 +122,73 @@ def main(argv=None):
                 f.close()
 
 
-def _wait(procs, grace_s=60.0):
-    """The job's exit status: 0 if every process ended with 0, else the first failure's (a process that
-    fails leaves the others waiting for it: they are stopped after ``grace_s`` seconds)."""
-    failed_at = None
-    while any(p.poll() is None for p in procs):
-        codes = [p.returncode for p in procs if p.returncode not in (None, 0)]
-        if codes and failed_at is None:
-            failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > grace_s:
-            for p in procs:
-                if p.poll() is None:
-                    print(f"launch: stopping process {procs.index(p)}, which a failed process left waiting", flush=True)
-                    p.kill()
-        time.sleep(0.2)
-    codes = [p.returncode if p.returncode >= 0 else 128 - p.returncode for p in procs]  # -9: killed, 137
-    for i, c in enumerate(codes):
-        if c:
-            print(f"launch: process {i} exited with {c}", flush=True)
-    return next((c for c in codes if c), 0)
+def _die_with_parent(parent):
+    """``Popen``'s ``preexec_fn`` (Linux): have the kernel SIGKILL this child when ``parent`` dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def start(cmd, **popen_kwargs):
+    """One process of the job: in a session of its own (a signal to the launcher's process group reaches
+    it once, through :meth:`Job.forward`) and, on Linux, killed by the kernel when the launcher dies."""
+    parent = os.getpid()
+    pdeath = {"preexec_fn": lambda: _die_with_parent(parent)} if sys.platform.startswith("linux") else {}
+    return subprocess.Popen(cmd, start_new_session=True, **pdeath, **popen_kwargs)
+
+
+class Job:
+    """The job's processes: forwards the launcher's signals to them and waits for them, killing those that
+    cannot end on their own (the stop and failure rules in the module's docstring)."""
+
+    def __init__(self, procs, stop_timeout_s=300.0, failure_grace_s=60.0):
+        self.procs = procs
+        self.stop_timeout_s = stop_timeout_s
+        self.failure_grace_s = failure_grace_s
+        self.signalled_at = None  # time.monotonic() of the first forwarded signal
+        self.killed = set()  # indices of the processes sent SIGKILL
+
+    def forward(self, signum, frame=None):
+        """The signal handler: the first SIGTERM/SIGINT goes to every running process (they agree on a
+        step to stop at and back up); a second one kills them."""
+        if self.signalled_at is not None:
+            self._kill("a second signal")
+            return
+        self.signalled_at = time.monotonic()
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    def _kill(self, why):
+        for i, p in enumerate(self.procs):
+            if p.poll() is None and i not in self.killed:
+                print(f"launch: killing process {i} ({why})", flush=True)
+                p.kill()
+                self.killed.add(i)
+
+    def wait(self):
+        """The job's exit status: 0 if every process ended with 0, else the first failure's (a process
+        that fails leaves the others waiting for it: they are killed after ``failure_grace_s`` seconds;
+        processes still running ``stop_timeout_s`` seconds after a signal are killed too)."""
+        failed_at = None
+        while any(p.poll() is None for p in self.procs):
+            now = time.monotonic()
+            if failed_at is None and any(p.returncode not in (None, 0) for p in self.procs):
+                failed_at = now
+            if failed_at is not None and now - failed_at > self.failure_grace_s:
+                self._kill("a failed process left it waiting")
+            if (self.signalled_at is not None and self.stop_timeout_s
+                    and now - self.signalled_at > self.stop_timeout_s):
+                self._kill(f"not stopped {self.stop_timeout_s:g} s after the signal; hung in a collective?")
+            time.sleep(0.2)
+        codes = [p.returncode if p.returncode >= 0 else 128 - p.returncode for p in self.procs]  # -9: killed, 137
+        for i, c in enumerate(codes):
+            if c:
+                print(f"launch: process {i} exited with {c}", flush=True)
+        return next((c for c in codes if c), 0)
 
 
 def entry_point():
