@@ -11,14 +11,15 @@
 # step's of the same repeat (wall clock of the timed steps); DP_BN=per_device adds the same data-parallel step with
 # per-device batch norm (runner "keras-dpNpd"); PROCS=N (N > 1) the same data-parallel step as N processes x 1 GPU,
 # one JAX job (bench --num_processes, runner "keras-pN"), and with PROCS_XLA='FLAGS' again under those XLA_FLAGS
-# (runner "keras-pNx", e.g. the latency-hiding scheduler); EAGER=0 leaves out PyTorch eager, TORCH=0 both PyTorch runs. Writes $OUT/r50-peer.json and $OUT/r50-peer.log. About 1.5 minutes per batch and repeat.
+# (runner "keras-pNx", e.g. the latency-hiding scheduler), with PROCS_BN=global_one_pass or per_device again with that
+# --batch_norm (runner "keras-pNop" or "keras-pNpd"); EAGER=0 leaves out PyTorch eager, TORCH=0 both PyTorch runs. Writes $OUT/r50-peer.json and $OUT/r50-peer.log. About 1.5 minutes per batch and repeat.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/r50-peer}; mkdir -p "$OUT" "$OUT/runs"
 BATCHES=${BATCHES:-128 256}; REPEATS=${REPEATS:-3}
 # a smoke test elsewhere: SIZE (224), STEPS (20) and REPS (5) of each run; PY / TORCH_PY the interpreters
 SIZE=${SIZE:-224}; STEPS=${STEPS:-20}; REPS=${REPS:-5}; PY=${PY:-python3}; TORCH_PY=${TORCH_PY:-python3}
-DP=${DP:-1}; PROCS=${PROCS:-1}; PROCS_XLA=${PROCS_XLA:-}; ENCODER=${ENCODER:-resnet50}; DP_BN=${DP_BN:-}; EAGER=${EAGER:-1}; TORCH=${TORCH:-1}
+DP=${DP:-1}; PROCS=${PROCS:-1}; PROCS_XLA=${PROCS_XLA:-}; ENCODER=${ENCODER:-resnet50}; DP_BN=${DP_BN:-}; PROCS_BN=${PROCS_BN:-}; EAGER=${EAGER:-1}; TORCH=${TORCH:-1}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax-cache-r50}  # repeats reuse the compile
 bench_cmd() {  # bench_cmd TAG DEVICES BATCH: the bench's command line of a Keras runner, in the array $cmd
   cmd=("$PY" -m benchmarks.bench --sections=a --encoder="$ENCODER" --image_shape="$SIZE,$SIZE,3" --data=synthetic
@@ -30,10 +31,10 @@ keras_step() {  # keras_step TAG DEVICES BATCH [BENCH FLAGS...]: one process on 
   local tag=$1 cmd; bench_cmd "$@"; shift 3
   "${cmd[@]}" "$@" 2>&1 | report "$tag"
 }
-keras_procs() {  # keras_procs TAG PROCESSES BATCH: the step as PROCESSES processes x 1 GPU, one JAX job
-  local tag=$1 n=$2 port=$((20000 + RANDOM % 20000)) pids=() i cmd; bench_cmd "$@"
+keras_procs() {  # keras_procs TAG PROCESSES BATCH [BENCH FLAGS...]: the step as PROCESSES processes x 1 GPU, one JAX job
+  local tag=$1 n=$2 port=$((20000 + RANDOM % 20000)) pids=() i cmd; bench_cmd "$@"; shift 3
   for ((i = n - 1; i >= 0; i--)); do  # process 0 last, in the foreground of the log
-    CUDA_VISIBLE_DEVICES=$i "${cmd[@]}" --num_processes="$n" --process_id=$i --coordinator_address=127.0.0.1:$port \
+    CUDA_VISIBLE_DEVICES=$i "${cmd[@]}" "$@" --num_processes="$n" --process_id=$i --coordinator_address=127.0.0.1:$port \
       > "$OUT/runs/$tag.p$i.log" 2>&1 &
     pids+=($!)
   done
@@ -48,6 +49,8 @@ for b in $BATCHES; do
     [ "$DP" -gt 1 ] && [ "$DP_BN" = per_device ] && keras_step "keras-dp${DP}pd-b$b-r$r" "$DP" $((DP * b)) --batch_norm=per_device
     [ "$PROCS" -gt 1 ] && keras_procs "keras-p$PROCS-b$b-r$r" "$PROCS" $((PROCS * b))
     [ "$PROCS" -gt 1 ] && [ -n "$PROCS_XLA" ] && XLA_FLAGS="$PROCS_XLA" keras_procs "keras-p${PROCS}x-b$b-r$r" "$PROCS" $((PROCS * b))
+    case "$PROCS_BN" in global_one_pass) bn=op ;; per_device) bn=pd ;; *) bn= ;; esac
+    [ "$PROCS" -gt 1 ] && [ -n "$bn" ] && keras_procs "keras-p$PROCS$bn-b$b-r$r" "$PROCS" $((PROCS * b)) --batch_norm="$PROCS_BN"
     [ "$TORCH" = 1 ] || continue
     [ "$EAGER" = 1 ] && "$TORCH_PY" benchmarks/torch_r50_peer.py --batch_size "$b" --image_size "$SIZE" --steps "$STEPS" --reps "$REPS" --out "$OUT/runs/eager-b$b-r$r.json" 2>&1 \
       | tail -n 1 | tee -a "$OUT/r50-peer.log"
@@ -75,7 +78,7 @@ for (batch, runner), rs in sorted(runs.items()):
 compiled = {s["batch"]: s["images_per_s"] for s in summary if s["runner"] == "compile"}
 one_gpu = {s["batch"]: s["images_per_s"] for s in summary if s["runner"] == "keras"}
 for s in summary:  # data-parallel runs: weak-scaling efficiency against the one-GPU step at the same per-GPU batch
-    m = re.fullmatch(r"keras-(?:dp|p)(\d+)(?:pd|x)?", s["runner"])
+    m = re.fullmatch(r"keras-(?:dp|p)(\d+)(?:pd|op|x)?", s["runner"])
     if m and s["batch"] in one_gpu:
         s["devices"] = int(m.group(1))
         s["weak_efficiency"] = s["images_per_s"] / (s["devices"] * one_gpu[s["batch"]])
