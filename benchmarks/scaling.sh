@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 10: scaling of the real train CLI over the GPUs of one host (JAX backend, NCCL), ResNet-18 on
-# Fashion-MNIST (configs/paper/fashion_mnist_simaffinity.flags: projector 2048-2048-256, bf16, LARS; the recipe docs/results/scaling.md measured), augmentation on the
+# Fashion-MNIST (configs/paper/fashion_mnist_simaffinity.flags: projector 2048-2048-256, bf16, LARS; the recipe benchmarks/SCALING.md measured), augmentation on the
 # device, no kNN monitor (--knn_every=0; the final kNN uses a 5,000-image memory bank), no pictures.
 #
 #   bash benchmarks/scaling.sh          (after the gpu-prep set-up line; $OUT set; 4 GPUs)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26: what removes the fixed per-step cost of the multi-GPU step (docs/results/scaling.md). Each
+# Issue 26: what removes the fixed per-step cost of the multi-GPU step (benchmarks/SCALING.md). Each
 # variant runs benchmarks/scaling.sh's g4 (1 process x 4 GPUs, 512 images per GPU; p4 for the 4-process one),
 # or with GPUS=2 its g2 (m2 for 2 processes), REPEATS times untraced, then once with --profile_steps on 5
 # steps of the last epoch, summarised by benchmarks/trace_summary.py (TRACE=0: no traced run); g1 is the
@@ -13,7 +13,7 @@
 #   g1      one GPU, the reference                base    g4 (GPUS=2: g2) as shipped
 #   cmdbuf  g4 with the NCCL collectives captured in XLA's CUDA graphs (--xla_gpu_enable_command_buffer=+COLLECTIVES)
 #   onepass g4 with --batch_norm=global_one_pass (one all-reduce for both BN statistics)
-# (measured on 4 x H100: docs/results/scaling.md, "Tried and slower")
+# (measured on 4 x H100: benchmarks/SCALING.md, "Tried and slower")
 #   lhs     g4 with XLA's latency-hiding scheduler   perdev  g4 with --batch_norm=per_device
 #   p4 (or p) GPUS processes x 1 GPU (scaling.sh's p4; m2 when GPUS=2)
 #   launch  the same started by python -m uniclr_tf.launch (scaling.sh's l4 / l2)
