@@ -20,9 +20,10 @@ with a backup (rerun the same command to resume). If one process fails, the othe
 (they would wait for it for ever) and the launcher exits with the failed process's status.
 
 A job never outlives its launcher: a process still running ``--stop_timeout`` seconds after the
-signal (one hung in a collective never reaches the agreed step) is killed, a second signal kills
-every process at once, and on Linux each process is killed when the launcher dies (a ``SIGKILL``,
-e.g. from ``timeout --kill-after``), instead of running on as an orphan that holds its GPU.
+signal (one hung in a collective never reaches the agreed step) is killed, Ctrl-C a second time
+kills every process at once, and on Linux each process is killed when the launcher dies (a
+``SIGKILL``, e.g. from ``timeout --kill-after``), instead of running on as an orphan that holds its GPU.
+A repeated SIGTERM changes nothing: ``timeout`` and schedulers deliver one signal more than once.
 """
 
 import argparse
@@ -86,7 +87,7 @@ def main(argv=None):
     parser.add_argument("--port", type=int, default=0, help="the coordinator's port on 127.0.0.1 (0: a free one)")
     parser.add_argument("--stop_timeout", type=float, default=300.0,
                         help="seconds the processes get to stop at one step after a SIGTERM or SIGINT before they are "
-                             "killed (0: wait for ever); a second signal kills them at once")
+                             "killed (0: wait for ever); Ctrl-C a second time kills them at once")
     parser.add_argument("--log_dir", default="", help="where process i > 0 writes its output (default: a new "
                                                       "temporary folder, printed)")
     args = parser.parse_args(ours)
@@ -151,11 +152,16 @@ class Job:
         self.signalled_at = None  # time.monotonic() of the first forwarded signal
         self.killed = set()  # indices of the processes sent SIGKILL
 
+    #: A SIGINT this long after the first signal is a second Ctrl-C; sooner, it is the same signal
+    #: delivered twice (``timeout`` sends it to the launcher and to its process group).
+    second_signal_after_s = 1.0
+
     def forward(self, signum, frame=None):
         """The signal handler: the first SIGTERM/SIGINT goes to every running process (they agree on a
-        step to stop at and back up); a second one kills them."""
+        step to stop at and back up); a second Ctrl-C kills them; a repeated SIGTERM is ignored."""
         if self.signalled_at is not None:
-            self._kill("a second signal")
+            if signum == signal.SIGINT and time.monotonic() - self.signalled_at > self.second_signal_after_s:
+                self._kill("Ctrl-C a second time")
             return
         self.signalled_at = time.monotonic()
         for p in self.procs:
