@@ -10,9 +10,9 @@
 #     g1  1 GPU, batch 512
 #     g2  1 process x 2 GPUs (CUDA_VISIBLE_DEVICES=0,1, --strategy=data_parallel), batch 1024
 #     g4  1 process x 4 GPUs, batch 2048
-#     p4  4 processes x 1 GPU (--num_processes=4 --process_id=i --coordinator_address=127.0.0.1:PORT), batch 2048
+#     p4  4 processes x 1 GPU, one JAX job started by python -m uniclr_tf.launch (--num_processes=4 ...), batch 2048
 #     m2  2 processes x 1 GPU, batch 1024 (not in the default set: the multi-process layout on a 2-GPU machine)
-#     l2, l4  2 / 4 processes x 1 GPU started by python -m uniclr_tf.launch (not in the default set)
+#     l2, l4  the same as m2 and p4 (the names of earlier measurements; not in the default set)
 #   strong scaling at the global batch STRONG (1024): s1 1 GPU; s2 = g2 (reused); s4 4 GPUs
 #   loss parity: p1 (1 GPU, GPUs P1_GPUS=0) and p2 (2 GPUs, data_parallel, P2_GPUS=1,2), --batch_size=1024
 #     --epochs=1 --steps_per_epoch=5 --seed=0; the two at once when their GPUs differ, else one after the other
@@ -106,42 +106,8 @@ single() {  # single NAME GPUS TRAIN_FLAGS...: one process (PROCESSES, through E
   local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
   stamp "$name: exit $rc after $secs s"
   show "$LOGS/$name.log" $([ "$rc" = 0 ] && echo 8 || echo 40)
+  if [ "$rc" != 0 ]; then for f in "$LOGS/$name"/process-*.log; do [ -f "$f" ] && { echo "  -- $f:"; show "$f" 15; }; done; fi
   record "$name" "$rc" "$secs" "$gpus" "$PROCESSES"
-}
-
-start_multi() {  # start_multi NAME N TRAIN_FLAGS...: N processes x 1 GPU (GPU i for process i); pids in $pids
-  local name=$1 n=$2; shift 2
-  local port=$((20000 + RANDOM % 20000)) i
-  stamp "$name: $n processes x 1 GPU, coordinator 127.0.0.1:$port, $*"
-  pids=()
-  for ((i = 0; i < n; i++)); do
-    launch "$i" "$LOGS/$name-$i.log" --run_name="$name" --strategy=data_parallel --num_processes="$n" \
-      --process_id="$i" --coordinator_address="127.0.0.1:$port" "$@"
-    pids+=("$last")
-  done
-}
-
-wait_multi() {  # wait_multi NAME: waits for $pids; the first non-zero exit status in $rc
-  local i r
-  rc=0
-  for i in "${!pids[@]}"; do
-    wait "${pids[$i]}"; r=$?
-    [ "$r" != 0 ] && { echo "  $1 process $i: exit $r"; [ "$rc" = 0 ] && rc=$r; }
-  done
-}
-
-multi() {  # multi NAME N TRAIN_FLAGS...: N processes x 1 GPU, waited for
-  local name=$1 n=$2; shift 2
-  rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
-  local gpus; gpus=$(seq -s, 0 $((n - 1)))
-  local t0; t0=$(now)
-  start_multi "$name" "$n" "$@"
-  wait_multi "$name"
-  local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
-  stamp "$name: exit $rc after $secs s"
-  show "$LOGS/$name-0.log" $([ "$rc" = 0 ] && echo 8 || echo 40)
-  if [ "$rc" != 0 ]; then for ((i = 1; i < n; i++)); do echo "  -- process $i:"; show "$LOGS/$name-$i.log" 15; done; fi
-  record "$name" "$rc" "$secs" "$gpus" "$n"
 }
 
 launched() {  # launched NAME N: N processes x 1 GPU started by python -m uniclr_tf.launch, waited for
@@ -150,42 +116,44 @@ launched() {  # launched NAME N: N processes x 1 GPU started by python -m uniclr
   single "$name" "$(seq -s, 0 $((n - 1)))" --batch_size=$((n * PER_GPU))
 }
 
-resumed_multi() {  # resumed_multi NAME N (p4r, m2r): N processes x 1 GPU stopped by a real SIGTERM to every process
-  # once STOP_EPOCH (1) epochs are in its history, then the same command again: it must resume and end with one
-  # continuous history (epochs 1..EPOCHS, each once). Its own status line: NAME.status (rc 0 only if all that held).
-  local name=$1 n=$2; local flags=(--batch_size=$((n * PER_GPU))) stop_at=${STOP_EPOCH:-1}
+resumed_multi() {  # resumed_multi NAME N (p4r, m2r): N processes x 1 GPU (the launcher) stopped by a real SIGTERM
+  # to the launcher once STOP_EPOCH (1) epochs are in its history, then the same command again: it must resume and
+  # end with one continuous history (epochs 1..EPOCHS, each once). Its own status line: NAME.status (rc 0 only if
+  # all that held).
+  local name=$1 n=$2; local flags=(--run_name="$name" --batch_size=$((n * PER_GPU))) stop_at=${STOP_EPOCH:-1}
+  local gpus PROCESSES=$n ENTRY=(-m uniclr_tf.launch --processes="$n" --log_dir="$LOGS/$name" --)
+  gpus=$(seq -s, 0 $((n - 1)))
   rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
   local t0; t0=$(now)
-  start_multi "$name" "$n" "${flags[@]}"
-  local alive=1 p
-  while [ "$alive" = 1 ]; do
+  stamp "$name: python -m uniclr_tf.launch --processes=$n, stopped after epoch $stop_at"
+  launch "$gpus" "$LOGS/$name.log" "${flags[@]}"
+  while kill -0 "$last" 2> /dev/null; do
     "$PY" -c "import json,sys; sys.exit(len(json.load(open(sys.argv[1]))) < int(sys.argv[2]))" \
       "$RUNS/$name/history.json" "$stop_at" 2> /dev/null && break
-    alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2> /dev/null && alive=1; done
     sleep 0.5
   done
-  stamp "$name: epoch $stop_at in the history: SIGTERM to the $n processes"
-  for p in "${pids[@]}"; do kill -TERM "$p" 2> /dev/null; done
-  wait_multi "$name"; local first=$rc
-  for ((i = 0; i < n; i++)); do mv "$LOGS/$name-$i.log" "$LOGS/$name-$i.stopped.log"; done
+  stamp "$name: epoch $stop_at in the history: SIGTERM to the launcher (it forwards it to the $n processes)"
+  kill -TERM "$last" 2> /dev/null  # timeout passes it on to the launcher
+  wait "$last"; local first=$?
+  mv "$LOGS/$name.log" "$LOGS/$name.stopped.log"
   stamp "$name: stopped with exit $first (143: SIGTERM, a backup saved); the same command again, without --overwrite"
-  show "$LOGS/$name-0.stopped.log" 4
+  show "$LOGS/$name.stopped.log" 4
   local kept=() saved=("${COMMON[@]}") a
   for a in "${COMMON[@]}"; do [ "$a" = --overwrite ] || kept+=("$a"); done
   COMMON=("${kept[@]}")
-  start_multi "$name" "$n" "${flags[@]}"
-  wait_multi "$name"
+  launch "$gpus" "$LOGS/$name.log" "${flags[@]}"
+  wait "$last"; rc=$?
   COMMON=("${saved[@]}")
   local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
-  show "$LOGS/$name-0.log" 6
+  show "$LOGS/$name.log" 6
   local check
   check=$("$PY" -c "import json,sys; e=[x['epoch'] for x in json.load(open(sys.argv[1]))]; print('continuous' if e == list(range(1, int(sys.argv[2]) + 1)) else f'epochs {e}')" \
     "$RUNS/$name/history.json" "$EPOCHS" 2>&1)
-  grep -q "resuming at" "$LOGS/$name-0.log" || check="$check; no 'resuming at' in the log"
+  grep -q "resuming at" "$LOGS/$name.log" || check="$check; no 'resuming at' in the log"
   [ "$first" = 143 ] || check="$check; first part exited $first, not 143"
   [ "$check" = continuous ] && [ "$rc" = 0 ] || { [ "$rc" = 0 ] && rc=1; }
   stamp "$name: exit $rc after $secs s (both parts); history: $check"
-  echo "rc=$rc seconds=$secs gpus=$(seq -s, 0 $((n - 1))) gpus_n=$n processes=$n first_exit=$first history=${check// /_}" \
+  echo "rc=$rc seconds=$secs gpus=$gpus gpus_n=$n processes=$n first_exit=$first history=${check// /_}" \
     > "$RUNS/$name.status"
 }
 
@@ -225,9 +193,9 @@ echo "$PY -m uniclr_tf.train ${COMMON[*]} (EPOCHS=$EPOCHS LIMIT=$LIMIT)" > "$RUN
 want g1 && single g1 0 --batch_size="$PER_GPU"
 want g2 && single g2 0,1 --batch_size=$((2 * PER_GPU)) --strategy=data_parallel
 want g4 && single g4 0,1,2,3 --batch_size=$((4 * PER_GPU)) --strategy=data_parallel
-want p4 && multi p4 4 --batch_size=$((4 * PER_GPU))
+want p4 && launched p4 4
 want p4r && resumed_multi p4r 4
-want m2 && multi m2 2 --batch_size=$((2 * PER_GPU))
+want m2 && launched m2 2
 want m2r && resumed_multi m2r 2
 want l2 && launched l2 2
 want l4 && launched l4 4

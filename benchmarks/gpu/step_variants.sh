@@ -15,8 +15,8 @@
 #   onepass g4 with --batch_norm=global_one_pass (one all-reduce for both BN statistics)
 # (measured on 4 x H100: benchmarks/SCALING.md, "Tried and slower")
 #   lhs     g4 with XLA's latency-hiding scheduler   perdev  g4 with --batch_norm=per_device
-#   p4 (or p) GPUS processes x 1 GPU (scaling.sh's p4; m2 when GPUS=2)
-#   launch  the same started by python -m uniclr_tf.launch (scaling.sh's l4 / l2)
+#   p4 (or p) GPUS processes x 1 GPU through python -m uniclr_tf.launch (scaling.sh's p4; m2 when GPUS=2)
+#   launch  the same (scaling.sh's l4 / l2, the name of earlier measurements)
 #   s1      one GPU at base's global batch (GPUS x 512): strong scaling at that batch is base / (GPUS x s1)
 #   A+B     the two combined (e.g. p4+onepass, cmdbuf+perdev)
 #   knn1 / knn4  g1 / base with the kNN monitor every epoch on the whole 60,000-image bank (--knn_every=1
