@@ -379,6 +379,26 @@ def test_backup_state_that_cannot_be_read_is_named_or_recovered_never_a_silent_r
 # ---------------------------------------------------------------------------------------------
 # 7, 8: signals at the edges, divergence inside an epoch
 
+def test_a_signal_delivered_twice_at_once_is_one_signal_and_a_later_sigint_is_a_second():
+    """``timeout -s INT`` sends its signal to the process and to its process group: the copy that
+    arrives at once must not count as a second Ctrl-C (which stops without a backup)."""
+    import signal
+    import time
+
+    from uniclr_tf import backup
+
+    interrupts = backup.Interrupts()
+    interrupts._handle(signal.SIGINT, None)
+    interrupts._handle(signal.SIGINT, None)  # the same signal again, at once: still a stop at the boundary
+    interrupts._handle(signal.SIGTERM, None)
+    assert interrupts.signal == signal.SIGINT
+    time.sleep(interrupts.duplicate_s + 0.05)
+    interrupts._handle(signal.SIGTERM, None)  # a later SIGTERM changes nothing either
+    with pytest.raises(backup.Interrupted) as e:
+        interrupts._handle(signal.SIGINT, None)
+    assert e.value.twice and e.value.exit_code == 130
+
+
 def test_a_second_sigint_exits_130_with_one_true_line(cli_runs):
     run_dir, proc = cli_runs["twice"]
     proc = proc.result()

@@ -470,19 +470,27 @@ class Interrupts:
     """Turns SIGTERM and SIGINT into a request to stop at the next step boundary (a second SIGINT
     raises :class:`Interrupted` at once). With ``immediate``, every such signal raises
     :class:`Interrupted` at once (outside training: loading, building, the final evaluation). A
-    context manager; handlers are installed in the main thread only, and the previous ones restored."""
+    context manager; handlers are installed in the main thread only, and the previous ones restored.
+
+    A SIGINT within :attr:`duplicate_s` of the first signal is that signal delivered twice, not a
+    second Ctrl-C: ``timeout -s INT`` sends it to the process and to its process group."""
+
+    duplicate_s = 0.1
 
     def __init__(self, immediate=False):
         self.signal = None
         self.immediate = immediate
         self._previous = {}
+        self._first_at = None
 
     def _handle(self, signum, frame):
         if self.immediate:
             raise Interrupted(signum)
-        if self.signal is not None and signum == signal.SIGINT:
-            raise Interrupted(signum, twice=True)
-        self.signal = signum
+        if self.signal is not None:
+            if signum == signal.SIGINT and time.monotonic() - self._first_at > self.duplicate_s:
+                raise Interrupted(signum, twice=True)
+            return
+        self.signal, self._first_at = signum, time.monotonic()
         print(f"\nreceived {signal.Signals(signum).name}: saving a backup at the next step boundary "
               "(Ctrl-C again to stop at once)", flush=True)
 

@@ -154,7 +154,7 @@ class Job:
 
     #: A SIGINT this long after the first signal is a second Ctrl-C; sooner, it is the same signal
     #: delivered twice (``timeout`` sends it to the launcher and to its process group).
-    second_signal_after_s = 1.0
+    second_signal_after_s = 0.1
 
     def forward(self, signum, frame=None):
         """The signal handler: the first SIGTERM/SIGINT goes to every running process (they agree on a
