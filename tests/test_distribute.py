@@ -463,3 +463,53 @@ def test_tf_two_workers_equal_one_worker_with_two_devices_and_resume(tmp_path):
     assert json.loads((tmp_path / "resumed" / "metrics.json").read_text())["status"] == "finished"
 
     _assert_same_weights(tmp_path / "one" / "model.weights.h5", tmp_path / "two" / "model.weights.h5")
+
+
+def test_tf_workers_stop_at_one_step_when_one_worker_is_signalled_and_resume(tmp_path):
+    """A real SIGTERM to worker 1 alone of a 2-worker ``--strategy=multi_worker`` job (TF, CPU): both
+    workers stop at the step their all-reduce of the signals agrees on (a multiple of 16), both exit
+    143 with worker 0's backup at that step, and the same command resumes the job to one continuous
+    history. Before, worker 0 went on stepping and waited for worker 1 in the next step's collectives;
+    and the in-epoch divergence check (at batch 50 of an epoch) failed reading the workers' trackers."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import REPO_ROOT
+
+    args = ["--flagfile=configs/quickstart.flags", "--method=simclr", "--encoder_width=8", "--projector_dims=64,32",
+            "--batch_size=32", "--max_examples=512", "--knn_max_train=256", "--warmup_epochs=0", "--epochs=3",
+            "--steps_per_epoch=60", "--knn_every=0", "--nopictures", "--strategy=multi_worker",
+            f"--run_dir={tmp_path}", "--run_name=job"]
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT),
+           "CUDA_VISIBLE_DEVICES": ""}
+
+    def start_job():
+        cluster = {"worker": [f"localhost:{free_port()}" for _ in range(2)]}
+        return [subprocess.Popen([sys.executable, "-m", "uniclr_tf.train", *args], cwd=REPO_ROOT, text=True,
+                                 env={**env, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+
+    history = tmp_path / "job" / "history.json"
+    procs = start_job()
+    deadline = time.monotonic() + 300
+    while not (history.exists() and history.read_text().strip()) and time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+        time.sleep(0.1)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], [o[1][-2000:] for o in outs]
+    agreed = [line for o in outs for line in o[0].splitlines() if "the job stops at step" in line]
+    assert len(agreed) == 2 and agreed[0].split(": ", 1)[1] == agreed[1].split(": ", 1)[1], agreed
+    step = int(agreed[0].split("stops at step ")[1].split()[0])
+    assert step % 16 == 0 and 60 <= step < 180 and "(SIGTERM)" in agreed[0]
+    state = json.loads((tmp_path / "job" / "backup" / "state.json").read_text())
+    assert state["step"] == step and state["reason"] == "SIGTERM"
+
+    procs = start_job()
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert f"resuming at epoch {step // 60 + 1}, step {step}" in outs[0][0]
+    assert [e["epoch"] for e in json.loads(history.read_text())] == [1, 2, 3]

@@ -19,8 +19,9 @@ pair. A backup is taken at every epoch end and at step boundaries: every ``every
 SIGTERM / SIGINT, and after ``stop_after_steps`` steps of this invocation; the data stream is
 deterministic given the seed and is skipped to the backed-up step on resume. The processes of a JAX
 multi-process job stop on a signal at one step, agreed through the job's coordinator
-(:class:`StopAgreement`): each process's step is a collective, so a process stopping a step earlier
-than another would leave it waiting for ever.
+(:class:`StopAgreement`), and the workers of a TensorFlow ``--strategy=multi_worker`` job through a
+small all-reduce every 16 steps (:class:`CollectiveStopAgreement`): each process's step is a
+collective, so a process stopping a step earlier than another would leave it waiting for ever.
 
 Exactness of a resume: the weights, optimizer, EMA target and its schedule, the step counter, the
 data order (the stream is deterministic given the seed and skipped to the backed-up step) and, on
@@ -576,6 +577,68 @@ class StopAgreement:
         return self.reason
 
 
+class CollectiveStopAgreement:
+    """One stop step for every worker of a TensorFlow ``--strategy=multi_worker`` job (the interface
+    of :class:`StopAgreement`). At every ``check_every``-th step boundary each worker all-reduces which
+    signal it got, as a one-hot vector over signal numbers (zeros: none); a non-zero sum stops every
+    worker at that boundary, with the lowest-numbered signal any worker got. The workers run their
+    steps in lockstep (each step holds collectives), so they make the same checks at the same steps;
+    a signal waits at most ``check_every`` steps, and a check is one small all-reduce (a sync of host
+    and device). Without it, workers signalled a step apart stopped at different steps, and the
+    later one waited in its step's collectives for ever."""
+
+    def __init__(self, strategy, check_every=16, process_id=0):
+        self.strategy, self.check_every, self.process_id = strategy, int(check_every), process_id
+        self.stop_at = self.reason = None
+        self._wanted = 0  # the signal this worker got (0: none)
+        self._sum = None  # the compiled all-reduce, built at the first check
+
+    @classmethod
+    def for_strategy(cls, strategy):
+        """An agreement among the workers of a multi-worker ``tf.distribute`` strategy, else None."""
+        if keras.backend.backend() != "tensorflow" or strategy is None:
+            return None
+        from uniclr_tf import distribute
+        index, count = distribute.worker_info(strategy)
+        return cls(strategy, process_id=index) if count > 1 else None
+
+    def request(self, step, reason):
+        """This worker got signal ``reason`` (its name) at step boundary ``step``: the next check
+        tells every worker. Returns the agreed step (None until that check)."""
+        self._wanted = int(getattr(signal.Signals, str(reason), signal.SIGTERM))
+        return self.stop_at
+
+    def _agreed_signal(self):
+        import tensorflow as tf
+        if self._sum is None:
+            strategy = self.strategy
+
+            @tf.function
+            def total(onehot):
+                per_replica = strategy.run(lambda: tf.identity(onehot))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+            self._sum = total
+        onehot = np.zeros(int(max(signal.Signals)) + 1, np.float32)
+        if self._wanted:
+            onehot[self._wanted] = 1.0
+        got = np.flatnonzero(self._sum(tf.constant(onehot)).numpy() > 0)
+        return int(got[0]) if got.size else 0
+
+    def due(self, step):
+        """The reason to stop before step ``step``, else None; all-reduces the workers' signals every
+        ``check_every`` steps until one of them got one."""
+        if self.stop_at is None and step % self.check_every == 0:
+            agreed = self._agreed_signal()
+            if agreed:
+                self.stop_at, self.reason = int(step), signal.Signals(agreed).name
+                print(f"worker {self.process_id}: the job stops at step {self.stop_at} ({self.reason}), "
+                      "one step for all its workers", flush=True)
+        if self.stop_at is None or step < self.stop_at:
+            return None
+        return self.reason
+
+
 class Progress:
     """Where training is: the optimizer steps done (counted on the host, no device sync)."""
 
@@ -584,6 +647,18 @@ class Progress:
         self.initial_step = int(initial_step)
         self.step = int(initial_step)
         self.epoch = self.step // self.steps_per_epoch
+
+
+def _local_values(variable, model):
+    """A Keras variable's values on this process's devices, as NumPy arrays, read without a collective:
+    under a TF multi-worker strategy a tracker is a per-replica (sync-on-read) variable, whose plain
+    read would all-reduce across the workers (and fails outside the step)."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+        value = variable.value
+        if isinstance(value, tf.distribute.DistributedValues):
+            return [np.asarray(v) for v in model.distribute_strategy.experimental_local_results(value)]
+    return [keras.ops.convert_to_numpy(variable.value)]
 
 
 class StopTraining(Exception):
@@ -615,6 +690,7 @@ class BackupCallback(keras.callbacks.Callback):
     #: most every :attr:`check_min_s` seconds (a host fetch of a few scalars: never one per step).
     check_every_steps = 10
     check_min_s = 0.5
+    lockstep_check_every_steps = 50
 
     def __init__(self, writer, progress, every_s=600.0, stop_after_steps=0, interrupts=None, method=None,
                  before_write=None, agreement=None):
@@ -681,12 +757,21 @@ class BackupCallback(keras.callbacks.Callback):
     def _check_divergence(self, batch):
         """Raises :class:`TrainingDiverged` when the epoch's running mean of a loss term is non-finite
         (one non-finite step makes it so), every :attr:`check_every_steps` steps. Reads the metric
-        trackers' ``total`` variables on the host (no ``keras.ops``: no compile on JAX)."""
-        if not batch or batch % self.check_every_steps or time.monotonic() - self._last_check < self.check_min_s:
+        trackers' ``total`` variables on the host (no ``keras.ops``: no compile on JAX), this process's
+        copies only (no collective). In a job of several processes the checks fall on the same steps
+        in every process, every :attr:`lockstep_check_every_steps` (not by each host's clock): a
+        process stopping on its own would leave the others waiting in the next step for ever."""
+        if not batch:
+            return
+        if self.agreement is not None:
+            if batch % self.lockstep_check_every_steps:
+                return
+        elif batch % self.check_every_steps or time.monotonic() - self._last_check < self.check_min_s:
             return
         self._last_check = time.monotonic()
-        bad = [m.name for m in self.model.metrics
-               if hasattr(m, "total") and not np.all(np.isfinite(keras.ops.convert_to_numpy(m.total.value)))]
+        model = self.model
+        bad = [m.name for m in model.metrics
+               if hasattr(m, "total") and not all(np.all(np.isfinite(v)) for v in _local_values(m.total, model))]
         if bad:
             p = self.progress
             raise TrainingDiverged(divergence_message(p.epoch + 1, p.step, bad, method=self.method))

@@ -288,7 +288,7 @@ class Fit:
     writer: object
     progress: object
     interrupts: object = None
-    agreement: object = None  # backup.StopAgreement in a JAX job of several processes
+    agreement: object = None  # backup.(Collective)StopAgreement in a job of several processes
     stopped: str = None
     seconds: float = 0.0
 
@@ -532,7 +532,7 @@ def _fit(ctx, ev):
                               epochs=_read_history(run_dir, completed_epochs) if ctx.chief else ()),
               backup.Writer(run_dir, method=cfg.method, enabled=ctx.chief, last=ctx.state),
               backup.Progress(ctx.steps_per_epoch, ctx.initial_step))
-    fit.agreement = backup.StopAgreement.for_job()
+    fit.agreement = backup.StopAgreement.for_job() or backup.CollectiveStopAgreement.for_strategy(ctx.strategy)
     with backup.Interrupts() as fit.interrupts:
         callbacks = _callbacks(ctx, ev, fit, fit.interrupts)
         _announce(ctx)
