@@ -247,6 +247,30 @@ def test_jax_two_processes_equal_one_process_with_two_devices_and_resume(tmp_pat
     _assert_same_weights(tmp_path / "one" / "model.weights.h5", tmp_path / "two" / "model.weights.h5")
 
 
+def _signal_process_1_after_epoch_1(procs, run_dir):
+    """A real SIGTERM to ``procs[1]`` alone of a 2-process job once ``run_dir``'s history holds an
+    epoch: both processes must exit 143, and the backup be at the step they agreed on. Returns their
+    outputs, the lines that announce the stop step, and that step."""
+    import json
+    import signal
+    import time
+
+    history = run_dir / "history.json"
+    deadline = time.monotonic() + 300
+    while not (history.exists() and history.read_text().strip()) and time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+        time.sleep(0.1)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], [o[1][-2000:] for o in outs]
+    agreed = [line for o in outs for line in o[0].splitlines() if "the job stops at step" in line]
+    assert agreed, [o[0][-2000:] for o in outs]
+    step = int(agreed[0].split("stops at step ")[1].split()[0])
+    state = json.loads((run_dir / "backup" / "state.json").read_text())
+    assert state["step"] == step and state["reason"] == "SIGTERM"
+    return outs, agreed, step
+
+
 def test_jax_job_stops_at_one_step_when_one_process_is_signalled_and_resumes(tmp_path):
     """A real SIGTERM to process 1 alone of a 2-process JAX job (CPU, gloo): both processes stop at the
     step they agree on through the coordinator (process 1's step + the margin), neither waits for
@@ -256,15 +280,13 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_and_resumes(tmp
     ``python -m uniclr_tf.launch``, which starts the processes itself."""
     import json
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     from tests.conftest import REPO_ROOT
 
     args = ["--flagfile=configs/quickstart.flags", "--method=simclr", "--encoder_width=8", "--projector_dims=64,32",
-            "--batch_size=32", "--max_examples=512", "--knn_max_train=256", "--warmup_epochs=0", "--epochs=4",
+            "--batch_size=32", "--max_examples=512", "--knn_max_train=256", "--warmup_epochs=0", "--epochs=6",
             "--steps_per_epoch=30", "--knn_every=0", "--augment_on=device", "--strategy=data_parallel", "--nopictures",
             f"--run_dir={tmp_path}", "--run_name=job"]
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT),
@@ -277,19 +299,8 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_and_resumes(tmp
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
 
     history = tmp_path / "job" / "history.json"
-    procs = start_job()
-    deadline = time.monotonic() + 300
-    while not (history.exists() and history.read_text().strip()) and time.monotonic() < deadline:
-        assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
-        time.sleep(0.2)
-    procs[1].send_signal(signal.SIGTERM)
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [143, 143], [o[1][-2000:] for o in outs]
-    agreed = [line for o in outs for line in o[0].splitlines() if "the job stops at step" in line]
+    outs, agreed, step = _signal_process_1_after_epoch_1(start_job(), tmp_path / "job")
     assert len(agreed) == 1 and agreed[0].startswith("process 1:"), agreed  # process 1 published, 0 followed
-    step = int(agreed[0].split("stops at step ")[1].split()[0])
-    state = json.loads((tmp_path / "job" / "backup" / "state.json").read_text())
-    assert state["step"] == step and state["reason"] == "SIGTERM"
     assert step > 30 and "process 0 saved the backup" in outs[1][0] + outs[1][1]
 
     launcher = subprocess.run([sys.executable, "-m", "uniclr_tf.launch", "--processes=2", f"--log_dir={tmp_path / 'logs'}",
@@ -298,7 +309,7 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_and_resumes(tmp
     assert "launch: 2 processes" in launcher.stdout
     assert f"resuming at epoch {step // 30 + 1}, step {step}" in launcher.stdout  # process 0 writes here
     assert "resuming at" in (tmp_path / "logs" / "process-1.log").read_text()
-    assert [e["epoch"] for e in json.loads(history.read_text())] == [1, 2, 3, 4]
+    assert [e["epoch"] for e in json.loads(history.read_text())] == [1, 2, 3, 4, 5, 6]
 
 
 def test_launch_builds_one_command_per_gpu_and_refuses_the_flags_it_sets():
@@ -313,6 +324,9 @@ def test_launch_builds_one_command_per_gpu_and_refuses_the_flags_it_sets():
     assert "--strategy=mirrored" in kept and "--strategy=data_parallel" not in kept
     with pytest.raises(SystemExit, match="--process_id is set by the launcher"):
         launch.commands(["--process_id=1"], 2, [], 1)
+    with pytest.raises(SystemExit) as refused:  # before any process starts
+        launch.main(["--processes=1", "--stop_timeout=-1", "--", "--flagfile=configs/simtrace.flags"])
+    assert refused.value.code == 2
 
 
 def _stubborn_children(n):
@@ -455,9 +469,7 @@ def test_tf_workers_stop_at_one_step_when_one_worker_is_signalled_and_resume(tmp
     and the in-epoch divergence check (at batch 50 of an epoch) failed reading the workers' trackers."""
     import json
     import os
-    import signal
     import subprocess
-    import time
 
     from tests.conftest import REPO_ROOT
 
@@ -475,20 +487,9 @@ def test_tf_workers_stop_at_one_step_when_one_worker_is_signalled_and_resume(tmp
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
 
     history = tmp_path / "job" / "history.json"
-    procs = start_job()
-    deadline = time.monotonic() + 300
-    while not (history.exists() and history.read_text().strip()) and time.monotonic() < deadline:
-        assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
-        time.sleep(0.1)
-    procs[1].send_signal(signal.SIGTERM)
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [143, 143], [o[1][-2000:] for o in outs]
-    agreed = [line for o in outs for line in o[0].splitlines() if "the job stops at step" in line]
+    outs, agreed, step = _signal_process_1_after_epoch_1(start_job(), tmp_path / "job")
     assert len(agreed) == 2 and agreed[0].split(": ", 1)[1] == agreed[1].split(": ", 1)[1], agreed
-    step = int(agreed[0].split("stops at step ")[1].split()[0])
     assert step % 16 == 0 and 60 <= step < 180 and "(SIGTERM)" in agreed[0]
-    state = json.loads((tmp_path / "job" / "backup" / "state.json").read_text())
-    assert state["step"] == step and state["reason"] == "SIGTERM"
 
     procs = start_job()
     outs = [p.communicate(timeout=300) for p in procs]

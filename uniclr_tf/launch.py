@@ -91,6 +91,8 @@ def main(argv=None):
     parser.add_argument("--log_dir", default="", help="where process i > 0 writes its output (default: a new "
                                                       "temporary folder, printed)")
     args = parser.parse_args(ours)
+    if args.stop_timeout < 0:
+        parser.error(f"--stop_timeout={args.stop_timeout:g}: seconds >= 0 (0: wait for ever)")
     backend = os.environ.get("KERAS_BACKEND", "jax")
     if backend != "jax":
         parser.error(f"KERAS_BACKEND={backend}: the launcher starts a JAX multi-controller job; on TensorFlow use "
