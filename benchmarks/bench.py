@@ -106,6 +106,10 @@ def define_flags():
     flags.DEFINE_integer("num_processes", 1, "JAX, section a: this process is one of N of a multi-controller job "
                          "(one per GPU, as train's --num_processes); --devices counts every process's devices.")
     flags.DEFINE_integer("process_id", 0, "With --num_processes > 1: this process's index in [0, N).")
+    flags.DEFINE_string("profile_dir", "", "After section a's timed steps, trace --profile_steps more steps with "
+                        "the backend's profiler into this folder (process i of a job: its process-i subfolder), "
+                        "as the train CLI's --profile_steps does: benchmarks/trace_summary.py FOLDER summarises it.")
+    flags.DEFINE_integer("profile_steps", 5, "Steps traced with --profile_dir.")
     flags.DEFINE_string("coordinator_address", "", "With --num_processes > 1: process 0's HOST:PORT.")
     flags.DEFINE_enum("batch_norm", "global", ["global", "global_one_pass", "per_device"],
                       "Section a with --devices > 1: batch-norm statistics over the global batch or per device "
@@ -420,6 +424,29 @@ def timed(stepper, next_batch, steps, reps, warmup, batch):
     return out
 
 
+def _profile_dir():
+    """``--profile_dir``, or its process-i subfolder in a job of several processes."""
+    if FLAGS.num_processes > 1:
+        return os.path.join(FLAGS.profile_dir, f"process-{FLAGS.process_id}")
+    return FLAGS.profile_dir
+
+
+def trace_steps(stepper, next_batch, steps, log_dir):
+    """``steps`` more steps, whole, under the profiler (the device idle before the first and after the
+    last); returns ``log_dir``."""
+    from uniclr_tf.callbacks import start_trace, stop_trace
+    stepper.sync()
+    start_trace(log_dir)
+    try:
+        for _ in range(steps):
+            stepper(next_batch()[0])
+        stepper.sync()
+    finally:
+        stop_trace()
+    print(f"   profiler: {steps} steps traced into {log_dir}", flush=True)
+    return log_dir
+
+
 def cycle(items):
     def next_batch():
         next_batch.i = (next_batch.i + 1) % len(items)
@@ -695,6 +722,9 @@ def run_bench():
     bad = [s for s in sections if s not in SECTIONS]
     if bad:
         raise app.UsageError(f"--sections: unknown {bad}; expected some of {list(SECTIONS)}")
+    if FLAGS.profile_dir and ("a" not in sections or FLAGS.profile_steps < 1):
+        raise app.UsageError(f"--profile_dir traces section a's step: give --sections with a and --profile_steps >= 1 "
+                             f"(received --sections={','.join(sections)} --profile_steps={FLAGS.profile_steps})")
     shape = tuple(_ints(FLAGS.image_shape))
     if len(shape) != 3 or shape[-1] not in (1, 3):
         raise app.UsageError(f"--image_shape must be H,W,C with C in (1, 3); received {FLAGS.image_shape}")
@@ -754,6 +784,9 @@ def run_bench():
             result["a_model_only"] = r
             save(result)
             print(f"   {r['images_per_s']:.0f} images/s", flush=True)
+            if FLAGS.profile_dir:
+                r["profile_dir"] = trace_steps(stepper, cycle(resident), FLAGS.profile_steps, _profile_dir())
+                save(result)
 
         if "c" in sections:
             print("c: end-to-end, device augmentation ...", flush=True)

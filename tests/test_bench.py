@@ -85,8 +85,8 @@ def jax_bench_runs(tmp_path_factory):
     port = free_port()
     for pid in (0, 1):
         procs[f"2p-{pid}"] = subprocess.Popen(
-            [*common, "--devices=2", "--num_processes=2", f"--process_id={pid}",
-             f"--coordinator_address=127.0.0.1:{port}", f"--out={tmp_path / 'bench2p.json'}"],
+            [*common, "--devices=2", "--num_processes=2", f"--process_id={pid}", f"--profile_dir={tmp_path / 'trace'}",
+             "--profile_steps=2", f"--coordinator_address=127.0.0.1:{port}", f"--out={tmp_path / 'bench2p.json'}"],
             cwd=REPO_ROOT, env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = {}
@@ -117,6 +117,11 @@ def test_jax_bench_data_parallel_step_is_the_one_device_step(jax_bench_runs):
     assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-4)
     assert two["flops_per_image"] == pytest.approx(one["flops_per_image"], rel=1e-6)
     assert two["mfu"] == pytest.approx(two["images_per_s"] * two["flops_per_image"] / (2 * 2e12))
+    # --profile_dir: each process traced 2 more steps into its own folder, which trace_summary reads
+    from benchmarks import trace_summary
+    for pid in (0, 1):
+        folder = os.path.join(os.path.dirname(two["profile_dir"]), f"process-{pid}")
+        assert any(e.get("ph") == "X" for e in trace_summary.load(folder)), folder
 
 
 def test_jax_bench_reports_the_steps_flops_and_mfu(jax_bench_runs):

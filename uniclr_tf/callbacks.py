@@ -71,6 +71,30 @@ class StepClock(keras.callbacks.Callback):
             logs["step_seconds"] = time.perf_counter() - self._start
 
 
+def start_trace(log_dir):
+    """Starts the backend's profiler into ``log_dir``: on JAX ``jax.profiler`` with a Perfetto trace
+    (``benchmarks/trace_summary.py`` reads it) and without Python events, on TensorFlow ``tf.profiler``."""
+    os.makedirs(log_dir, exist_ok=True)
+    if keras.backend.backend() == "jax":
+        import jax
+        options = jax.profiler.ProfileOptions()
+        options.python_tracer_level = 0  # with Python events, 13-ms steps took 22 ms: a false timeline
+        jax.profiler.start_trace(log_dir, create_perfetto_trace=True, profiler_options=options)
+    else:
+        import tensorflow as tf
+        tf.profiler.experimental.start(log_dir)
+
+
+def stop_trace():
+    """Stops the profiler :func:`start_trace` started; the trace is written then."""
+    if keras.backend.backend() == "jax":
+        import jax
+        jax.profiler.stop_trace()
+    else:
+        import tensorflow as tf
+        tf.profiler.experimental.stop()
+
+
 class StepProfiler(keras.callbacks.Callback):
     """Traces optimizer steps ``first..last`` of this invocation (counted from 1) with the backend's
     profiler into ``log_dir``: on JAX ``jax.profiler`` (TensorBoard's profile plus a Perfetto trace,
@@ -99,15 +123,7 @@ class StepProfiler(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         self._begun += 1
         if self._begun == self.first and self._state == "waiting":
-            os.makedirs(self.log_dir, exist_ok=True)
-            if keras.backend.backend() == "jax":
-                import jax
-                options = jax.profiler.ProfileOptions()
-                options.python_tracer_level = 0  # with Python events, 13-ms steps took 22 ms: a false timeline
-                jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True, profiler_options=options)
-            else:
-                import tensorflow as tf
-                tf.profiler.experimental.start(self.log_dir)
+            start_trace(self.log_dir)
             self._state = "tracing"
             print(f"profiler: tracing steps {self.first}..{self.last} into {self.log_dir}", flush=True)
 
@@ -126,12 +142,7 @@ class StepProfiler(keras.callbacks.Callback):
             if self._state != "tracing":
                 return
             self._state = "done"
-        if keras.backend.backend() == "jax":
-            import jax
-            jax.profiler.stop_trace()
-        else:
-            import tensorflow as tf
-            tf.profiler.experimental.stop()
+        stop_trace()
         print(f"profiler: trace written to {self.log_dir}", flush=True)
 
 

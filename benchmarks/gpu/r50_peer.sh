@@ -12,14 +12,16 @@
 # per-device batch norm (runner "keras-dpNpd"); PROCS=N (N > 1) the same data-parallel step as N processes x 1 GPU,
 # one JAX job (bench --num_processes, runner "keras-pN"), and with PROCS_XLA='FLAGS' again under those XLA_FLAGS
 # (runner "keras-pNx", e.g. the latency-hiding scheduler), with PROCS_BN=global_one_pass or per_device again with that
-# --batch_norm (runner "keras-pNop" or "keras-pNpd"); EAGER=0 leaves out PyTorch eager, TORCH=0 both PyTorch runs. Writes $OUT/r50-peer.json and $OUT/r50-peer.log. About 1.5 minutes per batch and repeat.
+# --batch_norm (runner "keras-pNop" or "keras-pNpd"); TRACE=1 then traces 5 steps of the one-GPU step and of the
+# PROCS-process one (bench --profile_dir) and summarises them with benchmarks/trace_summary.py, the N-process
+# trace's kernels against the one-GPU trace's ($OUT/trace-summary.txt); EAGER=0 leaves out PyTorch eager, TORCH=0 both PyTorch runs. Writes $OUT/r50-peer.json and $OUT/r50-peer.log. About 1.5 minutes per batch and repeat.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/r50-peer}; mkdir -p "$OUT" "$OUT/runs"
 BATCHES=${BATCHES:-128 256}; REPEATS=${REPEATS:-3}
 # a smoke test elsewhere: SIZE (224), STEPS (20) and REPS (5) of each run; PY / TORCH_PY the interpreters
 SIZE=${SIZE:-224}; STEPS=${STEPS:-20}; REPS=${REPS:-5}; PY=${PY:-python3}; TORCH_PY=${TORCH_PY:-python3}
-DP=${DP:-1}; PROCS=${PROCS:-1}; PROCS_XLA=${PROCS_XLA:-}; ENCODER=${ENCODER:-resnet50}; DP_BN=${DP_BN:-}; PROCS_BN=${PROCS_BN:-}; EAGER=${EAGER:-1}; TORCH=${TORCH:-1}
+DP=${DP:-1}; PROCS=${PROCS:-1}; PROCS_XLA=${PROCS_XLA:-}; ENCODER=${ENCODER:-resnet50}; DP_BN=${DP_BN:-}; PROCS_BN=${PROCS_BN:-}; TRACE=${TRACE:-0}; EAGER=${EAGER:-1}; TORCH=${TORCH:-1}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax-cache-r50}  # repeats reuse the compile
 bench_cmd() {  # bench_cmd TAG DEVICES BATCH: the bench's command line of a Keras runner, in the array $cmd
   cmd=("$PY" -m benchmarks.bench --sections=a --encoder="$ENCODER" --image_shape="$SIZE,$SIZE,3" --data=synthetic
@@ -59,6 +61,21 @@ for b in $BATCHES; do
       | tail -n 1 | tee -a "$OUT/r50-peer.log"
   done
 done
+if [ "$TRACE" = 1 ]; then  # 5 traced steps each (the runs' JSON under traces/, outside the summary's runs/)
+  : > "$OUT/trace-summary.txt"
+  for b in $BATCHES; do
+    keras_step "trace-keras-b$b" 1 "$b" --profile_dir="$OUT/traces/keras-b$b" --reps=1 --out="$OUT/traces/keras-b$b.json"
+    "$PY" benchmarks/trace_summary.py "$OUT/traces/keras-b$b" --json="$OUT/traces/keras-b$b.summary.json" \
+      >> "$OUT/trace-summary.txt" 2>&1
+    if [ "$PROCS" -gt 1 ]; then
+      keras_procs "trace-p$PROCS-b$b" "$PROCS" $((PROCS * b)) --profile_dir="$OUT/traces/p$PROCS-b$b" --reps=1 \
+        --out="$OUT/traces/p$PROCS-b$b.json"
+      "$PY" benchmarks/trace_summary.py "$OUT/traces/p$PROCS-b$b/process-0" --json="$OUT/traces/p$PROCS-b$b.summary.json" \
+        --compare="$OUT/traces/keras-b$b.summary.json" >> "$OUT/trace-summary.txt" 2>&1
+    fi
+    tail -n 60 "$OUT/trace-summary.txt"
+  done
+fi
 "$PY" - "$OUT" <<'PYEOF' | tee -a "$OUT/r50-peer.log"
 import glob, json, os, re, statistics, sys
 out = sys.argv[1]
