@@ -591,7 +591,6 @@ class CollectiveStopAgreement:
         self.strategy, self.check_every, self.process_id = strategy, int(check_every), process_id
         self.stop_at = self.reason = None
         self._wanted = 0  # the signal this worker got (0: none)
-        self._sum = None  # the compiled all-reduce, built at the first check
 
     @classmethod
     def for_strategy(cls, strategy):
@@ -610,19 +609,12 @@ class CollectiveStopAgreement:
 
     def _agreed_signal(self):
         import tensorflow as tf
-        if self._sum is None:
-            strategy = self.strategy
 
-            @tf.function
-            def total(onehot):
-                per_replica = strategy.run(lambda: tf.identity(onehot))
-                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-            self._sum = total
+        from uniclr_tf import distribute
         onehot = np.zeros(int(max(signal.Signals)) + 1, np.float32)
         if self._wanted:
             onehot[self._wanted] = 1.0
-        got = np.flatnonzero(self._sum(tf.constant(onehot)).numpy() > 0)
+        got = np.flatnonzero(distribute.replica_sum(self.strategy)(tf.constant(onehot)).numpy() > 0)
         return int(got[0]) if got.size else 0
 
     def due(self, step):

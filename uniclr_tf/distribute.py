@@ -23,6 +23,7 @@ no message) stops with one ``ValueError`` line naming it instead.
 """
 
 import contextlib
+import functools
 import math
 import os
 import threading
@@ -97,14 +98,24 @@ def barrier(name, num_processes, strategy=None):
         return
     import tensorflow as tf
 
-    @tf.function
-    def sync():
-        ones = strategy.run(lambda: tf.ones(()))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, ones, axis=None)
-
-    total = int(sync())
+    total = int(replica_sum(strategy)(tf.ones(())))
     if total != strategy.num_replicas_in_sync:
         raise RuntimeError(f"barrier {name!r}: {total} replicas answered, expected {strategy.num_replicas_in_sync}")
+
+
+@functools.lru_cache(maxsize=4)
+def replica_sum(strategy):
+    """A compiled function of ``strategy`` (TF): ``f(x)`` is the sum of ``x`` over every replica of the
+    job, each worker giving its own host value ``x`` (a collective: every worker must call it, in the
+    same order). One per strategy, so repeated calls do not trace again."""
+    import tensorflow as tf
+
+    @tf.function
+    def total(x):
+        per_replica = strategy.run(lambda: tf.identity(x))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return total
 
 
 def worker_info(strategy):
