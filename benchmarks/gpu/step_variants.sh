@@ -15,6 +15,13 @@
 #   onepass g4 with --batch_norm=global_one_pass (one all-reduce for both BN statistics)
 # (measured on 4 x H100: benchmarks/SCALING.md, "Tried and slower")
 #   lhs     g4 with XLA's latency-hiding scheduler   perdev  g4 with --batch_norm=per_device
+# XLA's collective flags (measured on 4 x H200 with one process per GPU, launch+FLAG: no faster; SCALING.md):
+#   sync    all-reduces on the compute stream (--xla_gpu_disable_async_collectives=ALLREDUCE)
+#   oneshot XLA's one-shot all-reduce kernel for small all-reduces instead of NCCL's
+#           (--xla_gpu_unsupported_use_all_reduce_one_shot_kernel=true; NCCL where it does not apply)
+#   sym     NCCL symmetric buffers (--xla_gpu_experimental_enable_nccl_symmetric_buffers=true; measured with
+#           NCCL_NVLS_ENABLE=0 in the environment: NVLink multicast off)
+#   nocombine  without XLA's heuristic collective combining (..._enable_heuristic_collective_combining=false)
 #   p4 (or p) GPUS processes x 1 GPU through python -m uniclr_tf.launch (scaling.sh's p4; m2 when GPUS=2)
 #   launch  the same (scaling.sh's l4 / l2, the name of earlier measurements)
 #   s1      one GPU at base's global batch (GPUS x 512): strong scaling at that batch is base / (GPUS x s1)
@@ -34,6 +41,7 @@ case "$GPUS" in 4) MULTI=g4; PROCS=p4 ;; 2) MULTI=g2; PROCS=m2 ;; *) echo "GPUS=
 # to 2.5x slower than the later ones (on 4 x H100: 15.7 against 11.3 ms a step on one GPU)
 FROM=${FROM:-3}
 TRACE=${TRACE:-1}
+TRACED=${TRACED:-}  # with TRACE=1, the variants traced (default: all of VARIANTS)
 PY=${PYTHON:-python3}
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # STEPS (a smoke test: --steps_per_epoch for every run) and EXTRA_ALL (flags for every run, e.g. a small model)
@@ -49,6 +57,10 @@ run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
       knn4) tail="--knn_every=1 --knn_max_train=0" ;;
       cmdbuf) xla="$xla --xla_gpu_enable_command_buffer=+COLLECTIVES" ;;
       lhs) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true" ;;
+      sync) xla="$xla --xla_gpu_disable_async_collectives=ALLREDUCE" ;;
+      oneshot) xla="$xla --xla_gpu_unsupported_use_all_reduce_one_shot_kernel=true" ;;
+      sym) xla="$xla --xla_gpu_experimental_enable_nccl_symmetric_buffers=true" ;;
+      nocombine) xla="$xla --xla_gpu_experimental_enable_heuristic_collective_combining=false" ;;
       perdev) extra="$extra --batch_norm=per_device" ;;
       onepass) extra="$extra --batch_norm=global_one_pass" ;;
       *) echo "unknown variant $part (of $v)"; return 1 ;;
@@ -57,7 +69,9 @@ run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
   local spe last first
   spe=$(steps_per_epoch "$only"); last=$((spe * EPOCHS - 1)); first=$((last > 5 ? last - 4 : 1))
   echo "$only $spe" > "$RUNS/$v.run"  # the summary below reads the run's name and steps an epoch here
-  for ((r = 1; r <= REPEATS + (TRACE ? 1 : 0); r++)); do
+  local traced=$TRACE
+  [ -n "$TRACED" ] && [[ " $TRACED " != *" $v "* ]] && traced=0
+  for ((r = 1; r <= REPEATS + (traced ? 1 : 0); r++)); do
     local tag="$v-r$r" e="$extra"
     [ "$r" -gt "$REPEATS" ] && { tag="$v-trace"; e="$extra --profile_steps=$first,$last"; }
     echo "=== $(date -u +%T) $tag: ONLY=$only XLA_FLAGS='$xla' EXTRA='$e'"
