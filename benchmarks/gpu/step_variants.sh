@@ -22,6 +22,7 @@
 #   sym     NCCL symmetric buffers (--xla_gpu_experimental_enable_nccl_symmetric_buffers=true; measured with
 #           NCCL_NVLS_ENABLE=0 in the environment: NVLink multicast off)
 #   nocombine  without XLA's heuristic collective combining (..._enable_heuristic_collective_combining=false)
+#   noshard each process autotunes every kernel itself (--xla_gpu_shard_autotuning=false; not measured yet)
 #   p4 (or p) GPUS processes x 1 GPU through python -m uniclr_tf.launch (scaling.sh's p4; m2 when GPUS=2)
 #   launch  the same (scaling.sh's l4 / l2, the name of earlier measurements)
 #   s1      one GPU at base's global batch (GPUS x 512): strong scaling at that batch is base / (GPUS x s1)
@@ -61,6 +62,7 @@ run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
       oneshot) xla="$xla --xla_gpu_unsupported_use_all_reduce_one_shot_kernel=true" ;;
       sym) xla="$xla --xla_gpu_experimental_enable_nccl_symmetric_buffers=true" ;;
       nocombine) xla="$xla --xla_gpu_experimental_enable_heuristic_collective_combining=false" ;;
+      noshard) xla="$xla --xla_gpu_shard_autotuning=false" ;;
       perdev) extra="$extra --batch_norm=per_device" ;;
       onepass) extra="$extra --batch_norm=global_one_pass" ;;
       *) echo "unknown variant $part (of $v)"; return 1 ;;
