@@ -348,7 +348,7 @@ def test_launch_kills_processes_that_do_not_stop_after_the_signal_or_at_a_second
     import signal
     import time
 
-    from uniclr_tf import launch
+    from uniclr_tf import launch, stop_signals
 
     job = launch.Job(_stubborn_children(2), stop_timeout_s=1.0)
     started = time.monotonic()
@@ -363,7 +363,7 @@ def test_launch_kills_processes_that_do_not_stop_after_the_signal_or_at_a_second
     job.forward(signal.SIGTERM)
     job.forward(signal.SIGTERM)
     job.forward(signal.SIGINT)
-    time.sleep(job.second_signal_after_s + 0.2)
+    time.sleep(stop_signals.REPEAT_S + 0.2)
     assert job.procs[0].poll() is None
     job.forward(signal.SIGTERM)
     assert job.procs[0].poll() is None

@@ -385,14 +385,14 @@ def test_a_signal_delivered_twice_at_once_is_one_signal_and_a_later_sigint_is_a_
     import signal
     import time
 
-    from uniclr_tf import backup
+    from uniclr_tf import backup, stop_signals
 
     interrupts = backup.Interrupts()
     interrupts._handle(signal.SIGINT, None)
     interrupts._handle(signal.SIGINT, None)  # the same signal again, at once: still a stop at the boundary
     interrupts._handle(signal.SIGTERM, None)
     assert interrupts.signal == signal.SIGINT
-    time.sleep(interrupts.duplicate_s + 0.05)
+    time.sleep(stop_signals.REPEAT_S + 0.05)
     interrupts._handle(signal.SIGTERM, None)  # a later SIGTERM changes nothing either
     with pytest.raises(backup.Interrupted) as e:
         interrupts._handle(signal.SIGINT, None)

@@ -43,7 +43,7 @@ import time
 import keras
 import numpy as np
 
-from uniclr_tf import runs
+from uniclr_tf import runs, stop_signals
 
 BACKUP_DIR = "backup"
 STATE_FILE = "state.json"
@@ -472,26 +472,27 @@ class Interrupts:
     raises :class:`Interrupted` at once). With ``immediate``, every such signal raises
     :class:`Interrupted` at once (outside training: loading, building, the final evaluation). A
     context manager; handlers are installed in the main thread only, and the previous ones restored.
-
-    A SIGINT within :attr:`duplicate_s` of the first signal is that signal delivered twice, not a
-    second Ctrl-C: ``timeout -s INT`` sends it to the process and to its process group."""
-
-    duplicate_s = 0.1
+    What counts as a second Ctrl-C, and what as the first signal delivered again:
+    :mod:`uniclr_tf.stop_signals`."""
 
     def __init__(self, immediate=False):
-        self.signal = None
         self.immediate = immediate
         self._previous = {}
-        self._first_at = None
+        self._first = stop_signals.FirstSignal()
+
+    @property
+    def signal(self):
+        """The first SIGTERM / SIGINT received, else None."""
+        return self._first.signum
 
     def _handle(self, signum, frame):
         if self.immediate:
             raise Interrupted(signum)
-        if self.signal is not None:
-            if signum == signal.SIGINT and time.monotonic() - self._first_at > self.duplicate_s:
-                raise Interrupted(signum, twice=True)
+        seen = self._first.receive(signum)
+        if seen == "again":
+            raise Interrupted(signum, twice=True)
+        if seen is None:
             return
-        self.signal, self._first_at = signum, time.monotonic()
         print(f"\nreceived {signal.Signals(signum).name}: saving a backup at the next step boundary "
               "(Ctrl-C again to stop at once)", flush=True)
 

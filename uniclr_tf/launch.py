@@ -37,6 +37,8 @@ import sys
 import tempfile
 import time
 
+from uniclr_tf import stop_signals
+
 #: Flags the launcher sets for every process; given after ``--`` they are an error.
 OWN_FLAGS = ("--num_processes", "--process_id", "--coordinator_address")
 
@@ -151,21 +153,18 @@ class Job:
         self.procs = procs
         self.stop_timeout_s = stop_timeout_s
         self.failure_grace_s = failure_grace_s
-        self.signalled_at = None  # time.monotonic() of the first forwarded signal
+        self.first_signal = stop_signals.FirstSignal()
         self.killed = set()  # indices of the processes sent SIGKILL
-
-    #: A SIGINT this long after the first signal is a second Ctrl-C; sooner, it is the same signal
-    #: delivered twice (``timeout`` sends it to the launcher and to its process group).
-    second_signal_after_s = 0.1
 
     def forward(self, signum, frame=None):
         """The signal handler: the first SIGTERM/SIGINT goes to every running process (they agree on a
-        step to stop at and back up); a second Ctrl-C kills them; a repeated SIGTERM is ignored."""
-        if self.signalled_at is not None:
-            if signum == signal.SIGINT and time.monotonic() - self.signalled_at > self.second_signal_after_s:
-                self._kill("Ctrl-C a second time")
+        step to stop at and back up); a second Ctrl-C kills them; a repeated signal is ignored
+        (:mod:`uniclr_tf.stop_signals`)."""
+        seen = self.first_signal.receive(signum)
+        if seen == "again":
+            self._kill("Ctrl-C a second time")
+        if seen != "first":
             return
-        self.signalled_at = time.monotonic()
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signum)
@@ -188,8 +187,8 @@ class Job:
                 failed_at = now
             if failed_at is not None and now - failed_at > self.failure_grace_s:
                 self._kill("a failed process left it waiting")
-            if (self.signalled_at is not None and self.stop_timeout_s
-                    and now - self.signalled_at > self.stop_timeout_s):
+            signalled_at = self.first_signal.at
+            if signalled_at is not None and self.stop_timeout_s and now - signalled_at > self.stop_timeout_s:
                 self._kill(f"not stopped {self.stop_timeout_s:g} s after the signal; hung in a collective?")
             time.sleep(0.2)
         codes = [p.returncode if p.returncode >= 0 else 128 - p.returncode for p in self.procs]  # -9: killed, 137
