@@ -56,7 +56,7 @@ def test_group_batch_norm_matches_the_per_group_reference(shape):
 
 @pytest.mark.parametrize("groups", [1, 3])
 def test_one_pass_statistics_match_the_reference(groups):
-    """``one_pass``: E[x] and E[x^2] in one reduction give the same normalisation and moving statistics
+    """``one_pass``: E[x] and E[x^2] from one pass give the same normalisation and moving statistics
     as the two-pass reference (float64), also with a mean far from 0 (variance from E[x^2] - E[x]^2)."""
     rng = np.random.default_rng(1)
     x = (rng.normal(size=(12, 4, 4, 5)) * np.arange(1, 6) + 3.0).astype("float32")

@@ -52,10 +52,11 @@ class GroupBatchNormalization(layers.BatchNormalization):
     backbone evaluates the same on any number of devices. Channels must be the last axis; the batch
     must split into ``groups`` equal slices.
 
-    ``one_pass=True`` takes the training statistics in one reduction, E[x] and E[x²] together
-    (variance = E[x²] − E[x]², clipped at 0, in float32 as PyTorch's SyncBatchNorm does), instead of
-    Keras's mean then the mean of squared deviations: with ``groups=1`` under ``DataParallel`` that is
-    one all-reduce per BN layer in the forward pass instead of two dependent ones.
+    ``one_pass=True`` takes the training statistics in one pass, E[x] and E[x²] as two independent
+    reductions of the input (variance = E[x²] − E[x]², clipped at 0, in float32 as PyTorch's
+    SyncBatchNorm does), instead of Keras's mean then the mean of squared deviations: with
+    ``groups=1`` under ``DataParallel`` XLA combines their all-reduces, so one all-reduce per BN layer
+    forward and one backward instead of two dependent ones each.
     """
 
     #: ``get_config`` keys beyond ``BatchNormalization``'s: how training takes the statistics; inference
@@ -82,9 +83,9 @@ class GroupBatchNormalization(layers.BatchNormalization):
         grouped = ops.reshape(x, (self.groups, -1) + tuple(x.shape[1:]))
         axes = tuple(range(1, len(grouped.shape) - 1))
         channels = grouped.shape[-1]
-        if self.one_pass:  # one reduction: [E[x], E[x^2]] over the batch (one all-reduce on a sharded batch)
-            both = ops.mean(ops.concatenate([grouped, ops.square(grouped)], axis=-1), axis=axes, keepdims=True)
-            mean, mean_square = both[..., :channels], both[..., channels:]
+        if self.one_pass:  # E[x] and E[x^2]: independent reductions of x, so their all-reduces combine
+            mean = ops.mean(grouped, axis=axes, keepdims=True)
+            mean_square = ops.mean(ops.square(grouped), axis=axes, keepdims=True)
             variance = ops.maximum(mean_square - ops.square(mean), 0.0)
         else:
             mean, variance = ops.moments(grouped, axes=axes, keepdims=True)

@@ -12,7 +12,7 @@
 #
 #   g1      one GPU, the reference                base    g4 (GPUS=2: g2) as shipped
 #   cmdbuf  g4 with the NCCL collectives captured in XLA's CUDA graphs (--xla_gpu_enable_command_buffer=+COLLECTIVES)
-#   onepass g4 with --batch_norm=global_one_pass (one all-reduce for both BN statistics)
+#   onepass g4 with --batch_norm=global_one_pass (one combined all-reduce for both BN statistics)
 # (measured on 4 x H100: benchmarks/SCALING.md, "Tried and slower")
 #   lhs     g4 with XLA's latency-hiding scheduler   perdev  g4 with --batch_norm=per_device
 # XLA's collective flags (measured on 4 x H200 with one process per GPU, launch+FLAG: no faster; SCALING.md):
@@ -22,7 +22,7 @@
 #   sym     NCCL symmetric buffers (--xla_gpu_experimental_enable_nccl_symmetric_buffers=true; measured with
 #           NCCL_NVLS_ENABLE=0 in the environment: NVLink multicast off)
 #   nocombine  without XLA's heuristic collective combining (..._enable_heuristic_collective_combining=false)
-#   noshard each process autotunes every kernel itself (--xla_gpu_shard_autotuning=false; not measured yet)
+#   noshard each process autotunes every kernel itself (--xla_gpu_shard_autotuning=false; launch+noshard: no faster)
 #   p4 (or p) GPUS processes x 1 GPU through python -m uniclr_tf.launch (scaling.sh's p4; m2 when GPUS=2)
 #   launch  the same (scaling.sh's l4 / l2, the name of earlier measurements)
 #   s1      one GPU at base's global batch (GPUS x 512): strong scaling at that batch is base / (GPUS x s1)
