@@ -329,6 +329,33 @@ def test_launch_builds_one_command_per_gpu_and_refuses_the_flags_it_sets():
     assert refused.value.code == 2
 
 
+def test_launch_cpu_binding_gives_each_process_a_disjoint_share_of_its_gpus_cpus():
+    from uniclr_tf import launch
+
+    assert launch.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert launch._cpulist([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and launch._cpulist(None) == "all"
+    # Two NUMA nodes of 4 CPUs, two GPUs on each: each process gets half of its GPU's node.
+    local = {"0": [0, 1, 2, 3], "1": [0, 1, 2, 3], "2": [4, 5, 6, 7], "3": [4, 5, 6, 7]}
+    assert launch.cpu_sets(4, range(8), local, ["0", "1", "2", "3"]) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # Only the CPUs this launcher may use count; without the GPUs' nodes, an equal share in order.
+    assert launch.cpu_sets(2, [1, 2, 3, 5, 6, 7], local, ["0", "2"]) == [[1, 2, 3], [5, 6, 7]]
+    assert launch.cpu_sets(3, [4, 0, 2, 6, 5, 1], {}, ()) == [[0, 1], [2, 4], [5, 6]]
+    assert launch.cpu_sets(3, [0, 1], {}, ()) == [None, None, None]  # fewer CPUs than processes: no binding
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_launch_binds_a_started_process_to_its_cpus():
+    import os
+    import subprocess
+
+    from uniclr_tf import launch
+
+    cpu = min(os.sched_getaffinity(0))
+    p = launch.start([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], cpus=[cpu],
+                     stdout=subprocess.PIPE, text=True)
+    assert p.communicate(timeout=60)[0].strip() == f"[{cpu}]"
+
+
 def _stubborn_children(n):
     """n processes started as the launcher starts the job's, each ignoring SIGTERM (as a process hung in a
     collective never reaches its stop step), once each has said it is ready."""
