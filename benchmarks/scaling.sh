@@ -13,6 +13,10 @@
 #     p4  4 processes x 1 GPU, one JAX job started by python -m uniclr_tf.launch (--num_processes=4 ...), batch 2048
 #     m2  2 processes x 1 GPU, batch 1024 (not in the default set: the multi-process layout on a 2-GPU machine)
 #     l2, l4  the same as m2 and p4 (the names of earlier measurements; not in the default set)
+#     i2, i4  2 or 4 independent one-GPU runs at once, GPU k each, batch PER_GPU, no collective (not in the
+#             default set): what running side by side costs without communication (i4's row is GPU 0's run,
+#             i4-1 .. i4-3 the others'). BIND=1: each bound to an equal share of the CPUs (taskset)
+#   LAUNCH_FLAGS: the launcher's own flags for p4, m2, l2, l4 (e.g. --cpu_binding=gpu)
 #   strong scaling at the global batch STRONG (1024): s1 1 GPU; s2 = g2 (reused); s4 4 GPUs
 #   loss parity: p1 (1 GPU, GPUs P1_GPUS=0) and p2 (2 GPUs, data_parallel, P2_GPUS=1,2), --batch_size=1024
 #     --epochs=1 --steps_per_epoch=5 --seed=0; the two at once when their GPUs differ, else one after the other
@@ -76,11 +80,12 @@ trap cleanup TERM INT
 
 ENTRY=(-m uniclr_tf.train)  # what launch runs; launched() starts the train CLI through uniclr_tf.launch
 PROCESSES=1                 # the processes a single() run starts (launched(): one per GPU)
+PREFIX=()                   # a command the run is started under (independent() with BIND: taskset)
 launch() {  # launch GPUS LOG TRAIN_FLAGS...: one train process in the background; its pid in $last
   local gpus=$1 log=$2; shift 2
   local env_=(CUDA_VISIBLE_DEVICES="$gpus")
   [ -n "${CPU_DEVICES:-}" ] && env_+=(XLA_FLAGS="--xla_force_host_platform_device_count=$(($(ndev "$gpus") / PROCESSES))")
-  env "${env_[@]}" timeout --kill-after=15 "$LIMIT" "$PY" "${ENTRY[@]}" "${COMMON[@]}" "$@" > "$log" 2>&1 &
+  env "${env_[@]}" timeout --kill-after=15 "$LIMIT" "${PREFIX[@]}" "$PY" "${ENTRY[@]}" "${COMMON[@]}" "$@" > "$log" 2>&1 &
   last=$!
   children+=("$last")
 }
@@ -112,8 +117,29 @@ single() {  # single NAME GPUS TRAIN_FLAGS...: one process (PROCESSES, through E
 
 launched() {  # launched NAME N: N processes x 1 GPU started by python -m uniclr_tf.launch, waited for
   local name=$1 n=$2
-  local PROCESSES=$n ENTRY=(-m uniclr_tf.launch --processes="$n" --log_dir="$LOGS/$name" --)
+  # shellcheck disable=SC2206
+  local PROCESSES=$n ENTRY=(-m uniclr_tf.launch --processes="$n" --log_dir="$LOGS/$name" ${LAUNCH_FLAGS:-} --)
   single "$name" "$(seq -s, 0 $((n - 1)))" --batch_size=$((n * PER_GPU))
+}
+
+independent() {  # independent NAME N: N one-GPU runs at once (GPU k: NAME, NAME-1, ...), waited for
+  local name=$1 n=$2 k pids=() tags=() cpus ncpu; ncpu=$(nproc)
+  rm -rf "${RUNS:?}/$name" "$RUNS/$name".status "$RUNS/$name"-*
+  stamp "$name: $n independent one-GPU runs at once, batch $PER_GPU each${BIND:+, CPUs split}"
+  local t0; t0=$(now)
+  for ((k = 0; k < n; k++)); do
+    local tag=$name; [ "$k" -gt 0 ] && tag=$name-$k
+    local PREFIX=()
+    [ -n "${BIND:-}" ] && cpus="$((k * ncpu / n))-$(((k + 1) * ncpu / n - 1))" && PREFIX=(taskset -c "$cpus")
+    launch "$k" "$LOGS/$tag.log" --run_name="$tag" --batch_size="$PER_GPU"
+    pids+=("$last"); tags+=("$tag")
+  done
+  local rc=0 r
+  for p in "${pids[@]}"; do wait "$p"; r=$?; [ "$r" != 0 ] && rc=$r; done
+  local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
+  stamp "$name: exit $rc after $secs s"
+  for tag in "${tags[@]}"; do show "$LOGS/$tag.log" $([ "$rc" = 0 ] && echo 3 || echo 30); done
+  record "$name" "$rc" "$secs" 0 1
 }
 
 resumed_multi() {  # resumed_multi NAME N (p4r, m2r): N processes x 1 GPU (the launcher) stopped by a real SIGTERM
@@ -199,6 +225,8 @@ want m2 && launched m2 2
 want m2r && resumed_multi m2r 2
 want l2 && launched l2 2
 want l4 && launched l4 4
+want i2 && independent i2 2
+want i4 && independent i4 4
 want s1 && single s1 0 --batch_size="$STRONG"
 if { want s1 || want s4; } && [ "$STRONG" != $((2 * PER_GPU)) ]; then
   echo "s2: STRONG=$STRONG is not g2's batch: the strong-scaling point at 2 GPUs is not measured"

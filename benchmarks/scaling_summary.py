@@ -15,7 +15,7 @@ Per run, with ``steps`` and ``batch`` (global) from ``config.json`` and epochs 2
 * ``images_per_s_wall``: (N − 1) · steps · batch / (``wall_seconds`` of epoch N − that of epoch 1)
   (everything between the two epoch ends: steps, backups, history writes);
 * ``per_gpu`` (and ``per_gpu_wall``): the rate divided by the run's GPUs;
-* ``weak_scaling_efficiency``: per-GPU rate / g1's per-GPU rate (g2, g4, p4, m2, l2, l4; 512 images per GPU);
+* ``weak_scaling_efficiency``: per-GPU rate / g1's per-GPU rate (g2, g4, p4, m2, l2, l4, i2, i4; 512 images per GPU);
 * ``strong_scaling_efficiency``: s_k's rate / (k · s1's rate) at the same global batch (s2 is g2);
 * ``first_epoch_s``: ``wall_seconds`` of epoch 1 (the compile and the first epoch's steps).
 
@@ -38,6 +38,8 @@ LAYOUTS = {
     "m2": (2, 2, "2 processes x 1 GPU (python -m uniclr_tf.launch, NCCL)", "weak"),
     "l2": (2, 2, "2 processes x 1 GPU, python -m uniclr_tf.launch", "weak"),
     "l4": (4, 4, "4 processes x 1 GPU, python -m uniclr_tf.launch", "weak"),
+    "i2": (1, 1, "GPU 0's run of 2 independent one-GPU runs at once (no collective)", "weak"),
+    "i4": (1, 1, "GPU 0's run of 4 independent one-GPU runs at once (no collective)", "weak"),
     "s1": (1, 1, "1 GPU", "strong"),
     "s4": (4, 1, "1 process x 4 GPUs (data_parallel)", "strong"),
     "p1": (1, 1, "1 GPU (loss parity)", "parity"),

@@ -25,6 +25,10 @@
 #   noshard each process autotunes every kernel itself (--xla_gpu_shard_autotuning=false; launch+noshard: no faster)
 #   p4 (or p) GPUS processes x 1 GPU through python -m uniclr_tf.launch (scaling.sh's p4; m2 when GPUS=2)
 #   launch  the same (scaling.sh's l4 / l2, the name of earlier measurements)
+#   indep   GPUS independent one-GPU runs at once (scaling.sh's i4 / i2; GPU 0's run timed): the cost of
+#           running side by side without any collective
+#   bind    the launcher binds each process to a share of its GPU's NUMA node (--cpu_binding=gpu);
+#           with indep, each run to an equal share of the CPUs (taskset)
 #   s1      one GPU at base's global batch (GPUS x 512): strong scaling at that batch is base / (GPUS x s1)
 #   A+B     the two combined (e.g. p4+onepass, cmdbuf+perdev)
 #   knn1 / knn4  g1 / base with the kNN monitor every epoch on the whole 60,000-image bank (--knn_every=1
@@ -48,12 +52,13 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # STEPS (a smoke test: --steps_per_epoch for every run) and EXTRA_ALL (flags for every run, e.g. a small model)
 STEPS=${STEPS:-}; EXTRA_ALL=${EXTRA_ALL:-}
 [ -n "$STEPS" ] && EXTRA_ALL="$EXTRA_ALL --steps_per_epoch=$STEPS"
-steps_per_epoch() { [ -n "$STEPS" ] && echo "$STEPS" && return; [ "$1" = g1 ] && echo 117 || echo $((60000 / (512 * GPUS))); }  # 60,000 images a batch of 512 / 512 x GPUS (s1 too)
+steps_per_epoch() { [ -n "$STEPS" ] && echo "$STEPS" && return; [[ "$1" = g1 || "$1" = i? ]] && echo 117 || echo $((60000 / (512 * GPUS))); }  # 60,000 images a batch of 512 / 512 x GPUS (s1 too)
 run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
-  local v=$1 only=$MULTI xla="" extra="$EXTRA_ALL" tail="" part
+  local v=$1 only=$MULTI xla="" extra="$EXTRA_ALL" tail="" part bind=""
   for part in ${v//+/ }; do  # a variant may combine several: p4+onepass, cmdbuf+perdev
     case "$part" in
-      g1) only=g1 ;; base) ;; p4|p) only=$PROCS ;; s1) only=s1 ;; launch) only=l$GPUS ;;
+      g1) only=g1 ;; base) ;; p4|p) only=$PROCS ;; s1) only=s1 ;; launch) only=l$GPUS ;; indep) only=i$GPUS ;;
+      bind) bind=1 ;;
       knn1) only=g1; tail="--knn_every=1 --knn_max_train=0" ;;
       knn4) tail="--knn_every=1 --knn_max_train=0" ;;
       cmdbuf) xla="$xla --xla_gpu_enable_command_buffer=+COLLECTIVES" ;;
@@ -77,7 +82,7 @@ run_variant() {  # run_variant NAME: REPEATS timed runs + 1 traced run
     local tag="$v-r$r" e="$extra"
     [ "$r" -gt "$REPEATS" ] && { tag="$v-trace"; e="$extra --profile_steps=$first,$last"; }
     echo "=== $(date -u +%T) $tag: ONLY=$only XLA_FLAGS='$xla' EXTRA='$e'"
-    XLA_FLAGS="$xla" STRONG=$((512 * GPUS)) RUNS="$RUNS/$tag" OUT="$RUNS/$tag" EPOCHS=$EPOCHS ONLY=$only EXTRA="$e" TAIL="$tail" LIMIT=${LIMIT:-120} \
+    BIND=$bind LAUNCH_FLAGS=${bind:+--cpu_binding=gpu} XLA_FLAGS="$xla" STRONG=$((512 * GPUS)) RUNS="$RUNS/$tag" OUT="$RUNS/$tag" EPOCHS=$EPOCHS ONLY=$only EXTRA="$e" TAIL="$tail" LIMIT=${LIMIT:-120} \
       bash benchmarks/scaling.sh > "$RUNS/$tag.log" 2>&1
     echo "    exit $? ($(grep -c . "$RUNS/$tag.log") log lines)"
   done
@@ -102,7 +107,7 @@ for v in variants:
         name, steps = open(os.path.join(runs, f"{v}.run")).read().split()
     except OSError:
         continue
-    steps, images = int(steps), 512 if name == "g1" else 512 * gpus
+    steps, images = int(steps), 512 if name in ("g1", "i2", "i4") else 512 * gpus
     repeats, ends, knn, final = [], [], [], []  # per repeat: median ms a step over epochs FROM..EPOCHS
     for folder in sorted(glob.glob(os.path.join(runs, f"{v}-r*", name))):
         history = load(os.path.join(folder, "history.json")) or []
@@ -123,7 +128,7 @@ for v in variants:
     if not repeats:
         continue
     median = statistics.median(repeats)
-    out[v] = {"run": name, "gpus": 1 if name in ("g1", "s1") else gpus, "repeat_medians_ms": repeats, "median_ms": median,
+    out[v] = {"run": name, "gpus": 1 if name in ("g1", "s1", "i2", "i4") else gpus, "repeat_medians_ms": repeats, "median_ms": median,
               "images_per_second": images * 1000 / median,
               "epoch_end_ms": [round(ms, 1) for ms, _ in ends], "epoch_end_share_of_wall": [round(f, 4) for _, f in ends]}
     if knn:
