@@ -15,6 +15,7 @@ from keras import ops
 from uniclr_tf import objectives as obj
 from uniclr_tf.launch import free_port
 from uniclr_tf import whitening
+from tests.conftest import xla_flags
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,7 +74,7 @@ def jax_bench_runs(tmp_path_factory):
     test_distribute.py against one device.)"""
     tmp_path = tmp_path_factory.mktemp("bench")
     env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2",
-               XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=2"),
                PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     common = [sys.executable, "-m", "benchmarks.bench", "--quick", "--sections=a", "--peak_tflops=2",
               "--precision=float32", "--reps=1"]
@@ -87,7 +88,7 @@ def jax_bench_runs(tmp_path_factory):
         procs[f"2p-{pid}"] = subprocess.Popen(
             [*common, "--devices=2", "--num_processes=2", f"--process_id={pid}", f"--profile_dir={tmp_path / 'trace'}",
              "--profile_steps=2", f"--coordinator_address=127.0.0.1:{port}", f"--out={tmp_path / 'bench2p.json'}"],
-            cwd=REPO_ROOT, env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
+            cwd=REPO_ROOT, env={**env, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=1")},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = {}
     for key, proc in procs.items():

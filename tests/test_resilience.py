@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, xla_flags
 
 TINY = ["--flagfile=configs/quickstart.flags", "--encoder_width=8", "--projector_dims=64,32", "--batch_size=64",
         "--max_examples=512", "--knn_max_train=512", "--warmup_epochs=0", "--nopictures"]
@@ -392,7 +392,7 @@ def test_a_multi_process_snapshot_packs_this_process_copy_on_one_device():
                           "devices": len(devices), "n": len(got),
                           "exact": all(p == v.path and np.array_equal(a, e)
                                        for (p, a), v, e in zip(got, variables, expected))}))
-        """, backend="jax", env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+        """, backend="jax", env={"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2")})
     assert out["replicated"]  # the job's arrays span both devices
     assert out["packed"] and out["devices"] == 1
     assert out["exact"] and out["n"] > 4
