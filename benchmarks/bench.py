@@ -206,8 +206,11 @@ class EpochSampler:
         return np.sort(idx)
 
 
-def channel_stats(images):
-    x = images[: 10_000].reshape(-1, images.shape[-1]).astype(np.float64) / 255.0
+def channel_stats(images, max_pixels=2 ** 24):
+    """Per-channel mean and std (floored at 1/255) of the first images, at most 10,000 of them and
+    ``max_pixels`` pixels: at 224 px a float64 copy of 10,000 images would take 12 GB a process."""
+    n = max(1, min(10_000, max_pixels // int(np.prod(images.shape[1:-1]))))
+    x = images[:n].reshape(-1, images.shape[-1]).astype(np.float64) / 255.0
     return tuple(float(v) for v in x.mean(0)), tuple(float(max(v, 1 / 255)) for v in x.std(0))
 
 

@@ -265,3 +265,23 @@ def test_bad_groups_name_the_argument(groups):
     z1, z2 = _views(5, 16, 8)
     with pytest.raises(ValueError, match="groups"):
         obj.sim_trace_loss(z1, z2, groups=groups)
+
+
+def test_channel_stats_read_at_most_10k_images_and_a_bounded_number_of_pixels():
+    from benchmarks.bench import channel_stats
+
+    rng = np.random.default_rng(0)
+    small = rng.integers(0, 256, (10_050, 28, 28, 1), dtype=np.uint8)
+    small[10_000:] = 255  # past the first 10,000: must not count
+    ref = small[:10_000].astype(np.float64) / 255.0
+    mean, std = channel_stats(small)
+    np.testing.assert_allclose(mean, [ref.mean()], rtol=1e-12)
+    np.testing.assert_allclose(std, [ref.std()], rtol=1e-12)
+    big = rng.integers(0, 256, (5, 64, 64, 3), dtype=np.uint8)
+    big[2:] = 0
+    big[..., 2] = 7  # a constant channel: its std is floored at 1/255
+    mean, std = channel_stats(big, max_pixels=2 * 64 * 64 + 100)  # room for 2 images only
+    first = big[:2].reshape(-1, 3).astype(np.float64) / 255.0
+    np.testing.assert_allclose(mean, first.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(std[:2], first.std(0)[:2], rtol=1e-12)
+    assert std[2] == 1 / 255 and np.isclose(mean[2], 7 / 255, rtol=1e-12)
