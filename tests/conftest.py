@@ -32,6 +32,17 @@ import pytest  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# The modules whose tests take longest (process start-up and tracing in child processes), run first:
+# `make test` hands whole modules to 2 workers (pytest-xdist, --dist loadfile), and a long module
+# handed out last would run alone at the end.
+SLOW_MODULES = ("test_distribute.py", "test_methods.py", "test_resilience.py", "test_bench.py",
+                "test_safety.py", "test_streaming.py", "test_collapse.py", "test_export.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_MODULES)))  # stable: same order within
+
 
 class PythonJob:
     """``code`` running in a fresh interpreter, started now; :meth:`result` waits for it and returns
