@@ -42,10 +42,11 @@ demo: $(STAMP) $(FMNIST)
 	print('TensorBoard: tensorboard --logdir runs/demo/tb; SavedModel: runs/demo/export')"
 
 # Two workers (pytest-xdist), each taking whole modules so a module's shared fixtures run once; the
-# slowest modules go first (tests/conftest.py). TEST_WORKERS=0 runs the suite in this process.
+# slowest modules go first (tests/conftest.py), which xdist would otherwise reorder by their number
+# of tests. TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(FMNIST)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 # CPU figures of docs/results/speed.md (about 20 minutes); the GPU suite is benchmarks/gpu/run.sh.
 bench: $(STAMP) $(FMNIST)
