@@ -488,6 +488,34 @@ def test_pretrain_dataset_static_shapes_and_epoch(small_info):
         data.pretrain_dataset(small_info, 4, split="validation")
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["in_memory", "streamed"])
+def test_each_pass_order_depends_on_the_seed_and_pass_alone(tmp_path, streamed):
+    """An iterator of the training dataset read two passes ahead and dropped leaves the next
+    iterator's batches unchanged, pass after pass (in memory, and a streamed folder). Before, every
+    iterator drew its passes' seeds from one generator of the dataset's shuffle, so the training
+    order moved with how far an earlier iterator had run (Keras's first build under a strategy
+    read one): a 2-worker TF job trained on other batches than its 1-process twin one time in a
+    few on a loaded machine."""
+    root = make_class_folder(tmp_path / "classes")
+    info = data.load_dataset(f"folder:{root}", max_in_memory_mb=0 if streamed else 64)
+    assert info.in_memory is not streamed and info.num_train == 27
+    per_pass = 27 // 3
+
+    def passes(ds, count):  # the image ids of the first `count` passes, one row per pass
+        return np.concatenate([x.numpy()[:, 0, 0, 0] for x in ds.take(count * per_pass)]).reshape(count, 27)
+
+    want = passes(data.pretrain_dataset(info, 3, seed=5, repeat=True), 3)
+    ds = data.pretrain_dataset(info, 3, seed=5, repeat=True)
+    ahead = iter(ds)
+    for _ in range(2 * per_pass + 1):
+        next(ahead)
+    del ahead
+    np.testing.assert_array_equal(passes(ds, 3), want)
+    assert all(sorted(row) == sorted(want[0]) and len(set(row)) == 27 for row in want)  # each pass: every image once
+    assert len({tuple(row) for row in want}) == 3  # each pass its own order
+    assert not np.array_equal(passes(data.pretrain_dataset(info, 3, seed=6, repeat=True), 1)[0], want[0])
+
+
 def test_pretrain_dataset_maps_augmenter_on_the_batch(small_info):
     calls = []
 

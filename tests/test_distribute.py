@@ -473,17 +473,9 @@ def test_tf_two_workers_equal_one_worker_with_two_devices(tmp_path):
     assert single.returncode == 0, err[-3000:]
     one = json.loads((tmp_path / "one" / "history.json").read_text())
 
-    def two_workers_agree():
-        codes, outs = job("--run_name=two", "--overwrite")
-        assert codes == [0, 0], [o[1][-2000:] for o in outs]
-        two = json.loads((tmp_path / "two" / "history.json").read_text())
-        return np.allclose([e["loss"] for e in two], [e["loss"] for e in one], rtol=1e-5, atol=0), two
-
-    # One full-suite run in four on the 2-core machine saw the 2-worker job's losses 1 % off (cause not
-    # found; the same job passed on its own every time): the job is run a second time before failing.
-    agree, two = two_workers_agree()
-    if not agree:
-        agree, two = two_workers_agree()
+    codes, outs = job("--run_name=two")
+    assert codes == [0, 0], [o[1][-2000:] for o in outs]
+    two = json.loads((tmp_path / "two" / "history.json").read_text())
     np.testing.assert_allclose([e["loss"] for e in two], [e["loss"] for e in one], rtol=1e-5)
     assert (tmp_path / "two" / "tb").is_dir() and not (tmp_path / "two" / "backup" / "tmp").exists()
     assert [e["knn_top1"] for e in two] == [e["knn_top1"] for e in one]

@@ -168,11 +168,22 @@ class UniCLR(train_step_mixin(), keras.Model):
         self._trackers = {n: keras.metrics.Mean(name=n) for n in names}
         self.built = True
 
+    def _needs_a_batch_to_build(self):
+        """Whether Keras's symbolic build still has something to build from a batch's shapes."""
+        compiled = (getattr(self, "_compile_metrics", None), getattr(self, "_compile_loss", None))
+        return (not all(layer.built for layer in self._flatten_layers())
+                or any(c is not None and not c.built for c in compiled))
+
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        """TF backend, under ``MultiWorkerMirroredStrategy``: builds from this worker's first replica's
-        batch. Keras 3 takes the mean of the first distributed batch across replicas to get a sample
-        batch, an eager cross-worker reduction that fails under that strategy ("Attempt to convert a
-        value (PerReplica...)", keras-team/keras#20585); only the batch's shapes matter here."""
+        """TF backend, under a tf.distribute strategy. A built model reads no batch: Keras reads one
+        from a throwaway iterator of the training data, which cost a seed of tf.data's reshuffling
+        (TFRecords, TFDS) and so moved the training order. Under ``MultiWorkerMirroredStrategy``,
+        builds from this worker's first replica's batch: Keras 3 takes the mean of the first
+        distributed batch across replicas to get a sample batch, an eager cross-worker reduction
+        that fails under that strategy ("Attempt to convert a value (PerReplica...)",
+        keras-team/keras#20585); only the batch's shapes matter here."""
+        if iterator is not None and not self._needs_a_batch_to_build():
+            iterator = None
         strategy = getattr(self, "_distribute_strategy", None)
         multi_worker = getattr(getattr(strategy, "extended", None), "_in_multi_worker_mode", lambda: False)()
         if iterator is None or not multi_worker:

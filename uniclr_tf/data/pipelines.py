@@ -18,6 +18,7 @@ import numpy as np
 
 from uniclr_tf.data.lazy_tf import AUTOTUNE, tf
 from uniclr_tf.data.spec import DataError, DatasetInfo
+from uniclr_tf.data.stream import shuffled_indices
 
 _STREAM_EVAL_PREFETCH = 2  # decoded batches in flight when evaluating on a streamed split
 
@@ -36,19 +37,24 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
                      with_labels: bool = False, skip_batches: int = 0) -> tf.data.Dataset:
     """Batches for self-supervised pretraining.
 
-    Shuffles (deterministically given ``seed``), optionally repeats, batches with
+    Shuffles, optionally repeats, batches with
     ``drop_remainder=True`` (static shapes for XLA/TPU), then maps ``augmenter`` over each uint8
     batch ``[B, H, W, C]`` (it returns a tuple of float views), and prefetches. A streamed split
     is shuffled before its images are decoded: a folder's whole file list, TFRecord files and then
     their records through a buffer (see :mod:`uniclr_tf.data.stream`); the batches are not
     sharded here (tf.data / Keras auto-sharding does it per worker).
 
+    Each pass over the split has a new order. For in-memory splits and folders it is a function of
+    ``seed`` and the pass's number alone (:func:`~uniclr_tf.data.stream.shuffled_indices`), however
+    many iterators of the dataset were made before; TFRecords and TFDS splits are reshuffled by
+    tf.data, whose orders also depend on that (the train CLI reads its dataset with one iterator).
+
     Args:
       info: from :func:`load_dataset`.
       batch_size: global batch size ``B``.
       augmenter: a callable (e.g. a Keras layer built on ``self.backend``) applied to the batch
         inside tf.data; None yields the raw uint8 batch (augmentation on the device).
-      shuffle: shuffle the examples (reshuffled every epoch).
+      shuffle: shuffle the examples (a new order on every pass over the split).
       seed: shuffle seed.
       split: which split to read.
       repeat: repeat forever (batches then run across epoch boundaries).
@@ -69,17 +75,15 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
         raise DataError(f"{info.spec or info.name}: split {split!r} has {n} examples, fewer than "
                         f"batch_size={batch_size}; drop_remainder would yield nothing")
     if data.in_memory:
-        ds = tf.data.Dataset.range(n)
         if shuffle:
-            ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
-        if repeat:
-            ds = ds.repeat()
+            ds = shuffled_indices(n, seed, repeat)
+        else:
+            ds = tf.data.Dataset.range(n)
+            ds = ds.repeat() if repeat else ds
         ds = ds.batch(batch_size, drop_remainder=True).skip(skip_batches)
         ds = ds.map(_gather_fn(data, with_labels), num_parallel_calls=AUTOTUNE)
     else:
-        ds = data.stream.records(shuffle=shuffle, seed=seed)
-        if repeat:
-            ds = ds.repeat()
+        ds = data.stream.records(shuffle=shuffle, seed=seed, repeat=repeat)
         ds = data.stream.decode(ds.skip(skip_batches * batch_size))
         ds = ds.batch(batch_size, drop_remainder=True)
         if not with_labels:

@@ -40,13 +40,42 @@ _OK, _UNDECODABLE, _WRONG_SIZE = 0, 1, 2
 UNDECODABLE = "cannot decode image (truncated or not an image)"  # decode_image's reason
 
 
+def _passes(repeat):
+    """The indices of the passes over a split: 0, 1, 2, ... (``repeat``) or 0 alone."""
+    return tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
+
+
+def _known_cardinality(ds, repeat, count=None):
+    """``ds`` declared endless (``repeat``) or of ``count`` elements: ``unbatch`` leaves the
+    cardinality unknown, and tf.distribute then rebatches to an unknown batch dimension
+    (a per-replica batch of shape ``(None, ...)``, which the train step's static shapes refuse)."""
+    if repeat:
+        return ds.repeat()  # already endless; this declares it
+    return ds if count is None else ds.apply(tf.data.experimental.assert_cardinality(count))
+
+
+def shuffled_indices(n, seed, repeat=False):
+    """``0 .. n-1`` (int64) in a new order each pass, one pass or endless passes (``repeat``).
+
+    Pass ``p``'s order is a permutation of ``(seed, p)`` alone (stateless). tf.data's
+    ``shuffle(reshuffle_each_iteration=True)`` draws each pass's seed from a generator that every
+    iterator of the dataset shares, so an iterator made and read ahead before training (Keras's
+    first build under a tf.distribute strategy reads a batch, and its prefetching runs on) moved the
+    training order by how far it had run: a 2-worker TF job trained on other batches than its
+    1-process twin one time in a few on a loaded machine."""
+    def one_pass(index):
+        return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64),
+                                                        seed=tf.stack([tf.constant(seed, tf.int64), index]))
+    return _known_cardinality(_passes(repeat).map(one_pass).unbatch(), repeat, n)
+
+
 class Stream:
     """How a streamed split is read: its records, then their decoding.
 
     Args:
-      records: ``records(shuffle, seed)`` -> unbatched ``tf.data.Dataset`` of the split's records
-        (2-tuples of tensors) in their fixed order, or shuffled (deterministically given ``seed``,
-        a new order on each iteration) when ``shuffle``.
+      records: ``records(shuffle, seed, repeat)`` -> unbatched ``tf.data.Dataset`` of the split's
+        records (2-tuples of tensors): one pass (endless passes when ``repeat``), in their fixed
+        order, or shuffled when ``shuffle``, every pass in a new order determined by ``seed``.
       decode: ``decode(dataset of records)`` -> dataset of ``(image, label)``
         (:func:`decode_records`); None when the records are ``(image, label)`` already.
     """
@@ -54,9 +83,9 @@ class Stream:
     def __init__(self, records: Callable, decode: Optional[Callable] = None):
         self._records, self._decode = records, decode
 
-    def records(self, shuffle: bool = False, seed: int = 0) -> tf.data.Dataset:
-        """The undecoded records, in the split's order or shuffled."""
-        return self._records(shuffle, seed)
+    def records(self, shuffle: bool = False, seed: int = 0, repeat: bool = False) -> tf.data.Dataset:
+        """The undecoded records, in the split's order or shuffled; one pass, or endless passes."""
+        return self._records(shuffle, seed, repeat)
 
     def decode(self, records: tf.data.Dataset) -> tf.data.Dataset:
         """``(image uint8 [H, W, C], label int64)`` of each record (bad ones handled as set up)."""
@@ -68,25 +97,29 @@ class Stream:
 
 
 def list_records(first, second):
-    """``records(shuffle, seed)`` of a record list held as two parallel lists (file names and
-    labels): a shuffle permutes the whole list (cheap: names, not images)."""
+    """``records(shuffle, seed, repeat)`` of a record list held as two parallel lists (file names
+    and labels): a shuffle permutes the whole list (cheap: names, not images), each pass by a
+    permutation of ``(seed, pass)`` alone (:func:`shuffled_indices`)."""
     count = len(first)
 
-    def records(shuffle, seed):
-        ds = tf.data.Dataset.from_tensor_slices((first, second))
-        if shuffle and count:
-            ds = ds.shuffle(count, seed=seed, reshuffle_each_iteration=True)
-        return ds
+    def records(shuffle, seed, repeat=False):
+        if not (shuffle and count):
+            ds = tf.data.Dataset.from_tensor_slices((first, second))
+            return ds.repeat() if repeat else ds
+        names, labels = tf.constant(first), tf.constant(second)
+        return shuffled_indices(count, seed, repeat).map(lambda i: (tf.gather(names, i), tf.gather(labels, i)))
     return records
 
 
 def dataset_records(dataset, count):
-    """``records(shuffle, seed)`` of a dataset (a TFDS split): shuffled through a buffer of at most
-    :data:`SHUFFLE_BUFFER` records."""
-    def records(shuffle, seed):
+    """``records(shuffle, seed, repeat)`` of a dataset (a TFDS split): shuffled through a buffer of
+    at most :data:`SHUFFLE_BUFFER` records, a new order each pass (tf.data's reshuffling: the
+    orders depend on how many iterators of the dataset were made before)."""
+    def records(shuffle, seed, repeat=False):
+        ds = dataset
         if shuffle and count:
-            return dataset.shuffle(min(count, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
-        return dataset
+            ds = ds.shuffle(min(count, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
+        return ds.repeat() if repeat else ds
     return records
 
 

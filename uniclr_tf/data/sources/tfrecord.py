@@ -267,8 +267,9 @@ def _load_tfrecord(spec, opts):
             return _empty_split(name, image_shape)
         keep = (holdout, side) if holdout is not None else None
 
-        def records(shuffle, seed):
-            return _records(files, keep, shuffle, seed, opts.max_examples)
+        def records(shuffle, seed, repeat=False):  # reshuffled each pass by tf.data (see Stream)
+            ds = _records(files, keep, shuffle, seed, opts.max_examples)
+            return ds.repeat() if repeat else ds
 
         return Split(name, counts.get(side, 0), stream=Stream(
             records, lambda ds: decode_records(ds, _load, _describe, image_shape, opts.size is not None, bad_files)))
