@@ -511,6 +511,10 @@ def test_each_pass_order_depends_on_the_seed_and_pass_alone(tmp_path, streamed):
         next(ahead)
     del ahead
     np.testing.assert_array_equal(passes(ds, 3), want)
+    # A known count of batches: for an unknown one tf.distribute rebatches to (None, ...) per replica.
+    assert ds.cardinality() == tf.data.INFINITE_CARDINALITY
+    if not streamed:  # (a stream's decoding may drop bad images)
+        assert data.pretrain_dataset(info, 3, seed=5).cardinality() == per_pass
     assert all(sorted(row) == sorted(want[0]) and len(set(row)) == 27 for row in want)  # each pass: every image once
     assert len({tuple(row) for row in want}) == 3  # each pass its own order
     assert not np.array_equal(passes(data.pretrain_dataset(info, 3, seed=6, repeat=True), 1)[0], want[0])

@@ -40,20 +40,6 @@ _OK, _UNDECODABLE, _WRONG_SIZE = 0, 1, 2
 UNDECODABLE = "cannot decode image (truncated or not an image)"  # decode_image's reason
 
 
-def _passes(repeat):
-    """The indices of the passes over a split: 0, 1, 2, ... (``repeat``) or 0 alone."""
-    return tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
-
-
-def _known_cardinality(ds, repeat, count=None):
-    """``ds`` declared endless (``repeat``) or of ``count`` elements: ``unbatch`` leaves the
-    cardinality unknown, and tf.distribute then rebatches to an unknown batch dimension
-    (a per-replica batch of shape ``(None, ...)``, which the train step's static shapes refuse)."""
-    if repeat:
-        return ds.repeat()  # already endless; this declares it
-    return ds if count is None else ds.apply(tf.data.experimental.assert_cardinality(count))
-
-
 def shuffled_indices(n, seed, repeat=False):
     """``0 .. n-1`` (int64) in a new order each pass, one pass or endless passes (``repeat``).
 
@@ -66,7 +52,10 @@ def shuffled_indices(n, seed, repeat=False):
     def one_pass(index):
         return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64),
                                                         seed=tf.stack([tf.constant(seed, tf.int64), index]))
-    return _known_cardinality(_passes(repeat).map(one_pass).unbatch(), repeat, n)
+    # map + unbatch of [n] permutations keeps the count known (flat_map would not, and tf.distribute
+    # then rebatches to per-replica batches of shape (None, ...), which static-shape steps refuse).
+    passes = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
+    return passes.map(one_pass).unbatch()
 
 
 class Stream:
