@@ -218,3 +218,28 @@ def test_small_encoder_is_tiny_with_a_fourth_stride_2_convolution():
     x = np.zeros((2, 28, 28, 1), "float32")
     assert tuple(small(x).shape) == (2, 64) and tuple(tiny(x).shape) == (2, 32)
     assert tuple(keras.Model(small.inputs, small.get_layer("relu4").output)(x).shape) == (2, 4, 4, 64)
+
+
+def test_a_built_model_reads_no_batch_for_its_symbolic_build_under_a_strategy():
+    """Under a tf.distribute strategy Keras's ``fit`` first reads a batch through a throwaway iterator of
+    the training data to build the model from its shapes; for TFRecords and TFDS, reshuffled by tf.data,
+    that iterator's read-ahead could take the seed of a pass and so move the training order. A built
+    UniCLR reads none; one that still has layers to build does."""
+    class Iterator:  # Keras's epoch iterator: (begin, end, data iterator) tuples
+        reads = 0
+
+        def __iter__(self):
+            Iterator.reads += 1
+            return iter([(0, 1, iter([views()]))])
+
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        model = small_model()
+        model.compile(optimizer=keras.optimizers.SGD(0.05))
+        model.optimizer.build(model.trainable_variables)
+    assert not model._needs_a_batch_to_build()
+    model._maybe_symbolic_build(iterator=Iterator())
+    assert Iterator.reads == 0
+    model.projector.built = False  # as if a layer were still to be built from a batch
+    assert model._needs_a_batch_to_build()
+    model._maybe_symbolic_build(iterator=Iterator())
+    assert Iterator.reads == 1
