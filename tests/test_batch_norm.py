@@ -78,6 +78,49 @@ def test_one_pass_statistics_match_the_reference(groups):
     assert GroupBatchNormalization.from_config(built.get_config()).one_pass
 
 
+def _reference_loss(x, weights, groups, gamma, beta):
+    return float(np.sum(reference(x, groups, gamma, beta)[0] * weights))
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_one_pass_gradient_matches_finite_differences_of_the_reference(groups):
+    """The hand-written backward of ``one_pass`` (Σg and Σg·x̂ as independent sums) is the gradient of
+    the two-pass float64 reference, through the batch's mean and variance: central differences of
+    ``sum(w * BN(x))`` in x, gamma and beta."""
+    import tensorflow as tf  # the suite's backend; the same layer runs under JAX on the GPUs
+
+    rng = np.random.default_rng(2)
+    x = (rng.normal(size=(6, 2, 2, 3)) * np.arange(1, 4) + 1.5).astype("float32")
+    weights = rng.normal(size=x.shape)
+    gamma, beta = rng.normal(size=3), rng.normal(size=3)
+    layer = GroupBatchNormalization(groups=groups, one_pass=True, momentum=0.9, epsilon=1e-5)
+    layer.build(x.shape)
+    layer.gamma.assign(gamma.astype("float32"))
+    layer.beta.assign(beta.astype("float32"))
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        loss = tf.reduce_sum(tf.cast(layer(xt, training=True), tf.float64) * weights)
+    dx, dgamma, dbeta = (g.numpy() for g in tape.gradient(loss, [xt, layer.gamma, layer.beta]))
+
+    def numeric(f, value, h=1e-5):
+        grad = np.zeros_like(value, np.float64)
+        for i in np.ndindex(value.shape):
+            up, down = value.astype(np.float64), value.astype(np.float64)
+            up[i] += h
+            down[i] -= h
+            grad[i] = (f(up) - f(down)) / (2 * h)
+        return grad
+
+    np.testing.assert_allclose(dx, numeric(lambda v: _reference_loss(v, weights, groups, gamma, beta), x),
+                               rtol=2e-3, atol=2e-4)
+    np.testing.assert_allclose(dgamma, numeric(lambda v: _reference_loss(x, weights, groups, v, beta), gamma),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dbeta, numeric(lambda v: _reference_loss(x, weights, groups, gamma, v), beta),
+                               rtol=1e-4, atol=1e-4)
+    assert np.abs(dx).max() > 1e-2  # not a vanishing gradient that any tolerance would pass
+
+
 def test_group_batch_norm_config_context_and_errors():
     with encoders.batch_norm_groups(4):
         grouped = encoders.batch_norm(name="bn")

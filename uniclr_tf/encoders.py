@@ -56,7 +56,8 @@ class GroupBatchNormalization(layers.BatchNormalization):
     reductions of the input (variance = E[x²] − E[x]², clipped at 0, in float32 as PyTorch's
     SyncBatchNorm does), instead of Keras's mean then the mean of squared deviations: with
     ``groups=1`` under ``DataParallel`` XLA combines their all-reduces, so one all-reduce per BN layer
-    forward and one backward instead of two dependent ones each.
+    forward and one backward instead of two dependent ones each. Its backward is written out
+    (:func:`_normalise`): Σg and Σg·x̂ as two independent reductions, x̂ recomputed from the input.
     """
 
     #: ``get_config`` keys beyond ``BatchNormalization``'s: how training takes the statistics; inference
@@ -79,16 +80,13 @@ class GroupBatchNormalization(layers.BatchNormalization):
         batch = inputs.shape[0]
         if batch is not None and batch % self.groups:
             raise ValueError(f"{self.name}: a batch of {batch} does not split into {self.groups} groups")
+        if self.one_pass:
+            return self._one_pass(inputs)
         x = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
         grouped = ops.reshape(x, (self.groups, -1) + tuple(x.shape[1:]))
         axes = tuple(range(1, len(grouped.shape) - 1))
         channels = grouped.shape[-1]
-        if self.one_pass:  # E[x] and E[x^2]: independent reductions of x, so their all-reduces combine
-            mean = ops.mean(grouped, axis=axes, keepdims=True)
-            mean_square = ops.mean(ops.square(grouped), axis=axes, keepdims=True)
-            variance = ops.maximum(mean_square - ops.square(mean), 0.0)
-        else:
-            mean, variance = ops.moments(grouped, axes=axes, keepdims=True)
+        mean, variance = ops.moments(grouped, axes=axes, keepdims=True)
         momentum = self.momentum
         self.moving_mean.assign(ops.cast(self.moving_mean, x.dtype) * momentum
                                 + ops.mean(ops.reshape(mean, (self.groups, channels)), axis=0) * (1.0 - momentum))
@@ -102,8 +100,64 @@ class GroupBatchNormalization(layers.BatchNormalization):
             out = out + ops.cast(self.beta, x.dtype)
         return ops.cast(ops.reshape(out, ops.shape(x)), self.compute_dtype)
 
+    def _one_pass(self, inputs):
+        """Training-mode ``one_pass`` batch norm: E[x] and E[x²] as two independent reductions, and a
+        hand-written backward whose two sums, Σg and Σg·x̂ (g the output's gradient, x̂ the normalised
+        input), are independent reductions too (autodiff of the statistics makes them dependent).
+
+        With the batch sharded over devices each pair becomes one combined all-reduce; on one device each
+        pair is one pass over the activation. The backward recomputes x̂ from the input in its own dtype
+        (bfloat16 under mixed precision) rather than keeping a float32 copy."""
+        grouped = ops.reshape(inputs, (self.groups, -1) + tuple(inputs.shape[1:]))
+        axes = tuple(range(1, len(grouped.shape) - 1))
+        channels = grouped.shape[-1]
+        ftype = keras.backend.result_type(inputs.dtype, "float32")
+        x = ops.cast(grouped, ftype)
+        mean = ops.mean(x, axis=axes, keepdims=True)
+        variance = ops.maximum(ops.mean(ops.square(x), axis=axes, keepdims=True) - ops.square(mean), 0.0)
+        mean, variance = ops.stop_gradient(mean), ops.stop_gradient(variance)  # their gradient is in grad()
+        momentum = self.momentum
+        self.moving_mean.assign(ops.cast(self.moving_mean, ftype) * momentum
+                                + ops.mean(ops.reshape(mean, (self.groups, channels)), axis=0) * (1.0 - momentum))
+        self.moving_variance.assign(ops.cast(self.moving_variance, ftype) * momentum
+                                    + ops.mean(ops.reshape(variance, (self.groups, channels)), axis=0)
+                                    * (1.0 - momentum))
+        inv_std = ops.rsqrt(variance + self.epsilon)
+        gamma = ops.cast(self.gamma, ftype) if self.scale else ops.ones((channels,), ftype)
+        beta = ops.cast(self.beta, ftype) if self.center else ops.zeros((channels,), ftype)
+        out = _normalise(grouped, gamma, beta, mean, inv_std, axes, self.compute_dtype)
+        return ops.reshape(out, ops.shape(inputs))
+
     def get_config(self):
         return {**super().get_config(), **{key: getattr(self, key) for key in self.TRAINING_OPTIONS}}
+
+
+def _normalise(x, gamma, beta, mean, inv_std, axes, dtype):
+    """``(x - mean) · inv_std · gamma + beta`` in the statistics' dtype (float32 for bfloat16 x), cast to
+    ``dtype``, with the batch-norm gradient written out: for g the output's gradient and x̂ the
+    normalised x (n elements per channel over ``axes``), dx = gamma · inv_std · (g − Σg / n − x̂ · Σ(g·x̂)
+    / n), dgamma = Σ(g·x̂), dbeta = Σg. That is the gradient through the batch's mean and variance too,
+    so ``mean`` and ``inv_std`` (computed from x) get none of their own."""
+
+    @ops.custom_gradient
+    def normalise(x, gamma, beta, mean, inv_std):
+        y = ops.cast((ops.cast(x, mean.dtype) - mean) * inv_std * gamma + beta, dtype)
+
+        def grad(*args, upstream=None):
+            g = ops.cast(args[0] if upstream is None else upstream, mean.dtype)
+            x_hat = (ops.cast(x, mean.dtype) - mean) * inv_std
+            mean_g = ops.mean(g, axis=axes, keepdims=True)
+            mean_gx = ops.mean(g * x_hat, axis=axes, keepdims=True)
+            dx = (gamma * inv_std) * (g - mean_g - x_hat * mean_gx)
+            count = ops.cast(ops.size(g) // ops.size(mean_g), mean.dtype)  # elements per channel and group
+            channels = ops.shape(gamma)[0]
+            dgamma = ops.sum(ops.reshape(mean_gx, (-1, channels)), axis=0) * count
+            dbeta = ops.sum(ops.reshape(mean_g, (-1, channels)), axis=0) * count
+            return ops.cast(dx, x.dtype), dgamma, dbeta, ops.zeros_like(mean), ops.zeros_like(inv_std)
+
+        return y, grad
+
+    return normalise(x, gamma, beta, mean, inv_std)
 
 
 def _plain_batch_norm(synchronized):
