@@ -14,14 +14,16 @@
 # (runner "keras-pNx", e.g. the latency-hiding scheduler), with PROCS_BN=global_one_pass or per_device again with that
 # --batch_norm (runner "keras-pNop" or "keras-pNpd"); TRACE=1 then traces 5 steps of the one-GPU step and of the
 # PROCS-process one (bench --profile_dir) and summarises them with benchmarks/trace_summary.py, the N-process
-# trace's kernels against the one-GPU trace's ($OUT/trace-summary.txt); EAGER=0 leaves out PyTorch eager, TORCH=0 both PyTorch runs. Writes $OUT/r50-peer.json and $OUT/r50-peer.log. About 1.5 minutes per batch and repeat.
+# trace's kernels against the one-GPU trace's ($OUT/trace-summary.txt); EAGER=0 leaves out PyTorch eager, TORCH=0 both PyTorch runs;
+# BN1=global_one_pass also runs the one-GPU step with that --batch_norm (runner "keras-op"; the "keras-pNop" runs'
+# weak_efficiency_same_bn is against it). Writes $OUT/r50-peer.json and $OUT/r50-peer.log. About 1.5 minutes per batch and repeat.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/r50-peer}; mkdir -p "$OUT" "$OUT/runs"
 BATCHES=${BATCHES:-128 256}; REPEATS=${REPEATS:-3}
 # a smoke test elsewhere: SIZE (224), STEPS (20) and REPS (5) of each run; PY / TORCH_PY the interpreters
 SIZE=${SIZE:-224}; STEPS=${STEPS:-20}; REPS=${REPS:-5}; PY=${PY:-python3}; TORCH_PY=${TORCH_PY:-python3}
-DP=${DP:-1}; PROCS=${PROCS:-1}; PROCS_XLA=${PROCS_XLA:-}; ENCODER=${ENCODER:-resnet50}; DP_BN=${DP_BN:-}; PROCS_BN=${PROCS_BN:-}; TRACE=${TRACE:-0}; EAGER=${EAGER:-1}; TORCH=${TORCH:-1}
+DP=${DP:-1}; PROCS=${PROCS:-1}; PROCS_XLA=${PROCS_XLA:-}; ENCODER=${ENCODER:-resnet50}; DP_BN=${DP_BN:-}; PROCS_BN=${PROCS_BN:-}; BN1=${BN1:-}; TRACE=${TRACE:-0}; EAGER=${EAGER:-1}; TORCH=${TORCH:-1}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax-cache-r50}  # repeats reuse the compile
 bench_cmd() {  # bench_cmd TAG DEVICES BATCH: the bench's command line of a Keras runner, in the array $cmd
   cmd=("$PY" -m benchmarks.bench --sections=a --encoder="$ENCODER" --image_shape="$SIZE,$SIZE,3" --data=synthetic
@@ -47,6 +49,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 for b in $BATCHES; do
   for ((r = 1; r <= REPEATS; r++)); do
     keras_step "keras-b$b-r$r" 1 "$b"
+    [ "$BN1" = global_one_pass ] && keras_step "keras-op-b$b-r$r" 1 "$b" --batch_norm=global_one_pass
     [ "$DP" -gt 1 ] && keras_step "keras-dp$DP-b$b-r$r" "$DP" $((DP * b))
     [ "$DP" -gt 1 ] && [ "$DP_BN" = per_device ] && keras_step "keras-dp${DP}pd-b$b-r$r" "$DP" $((DP * b)) --batch_norm=per_device
     [ "$PROCS" -gt 1 ] && keras_procs "keras-p$PROCS-b$b-r$r" "$PROCS" $((PROCS * b))
@@ -94,11 +97,14 @@ for (batch, runner), rs in sorted(runs.items()):
                     "mfu": statistics.median(mfus) if mfus else None})
 compiled = {s["batch"]: s["images_per_s"] for s in summary if s["runner"] == "compile"}
 one_gpu = {s["batch"]: s["images_per_s"] for s in summary if s["runner"] == "keras"}
+one_gpu_op = {s["batch"]: s["images_per_s"] for s in summary if s["runner"] == "keras-op"}
 for s in summary:  # data-parallel runs: weak-scaling efficiency against the one-GPU step at the same per-GPU batch
-    m = re.fullmatch(r"keras-(?:dp|p)(\d+)(?:pd|op|x)?", s["runner"])
+    m = re.fullmatch(r"keras-(?:dp|p)(\d+)(pd|op|x)?", s["runner"])
     if m and s["batch"] in one_gpu:
         s["devices"] = int(m.group(1))
         s["weak_efficiency"] = s["images_per_s"] / (s["devices"] * one_gpu[s["batch"]])
+        if m.group(2) == "op" and s["batch"] in one_gpu_op:  # against the one-GPU step with the same batch norm
+            s["weak_efficiency_same_bn"] = s["images_per_s"] / (s["devices"] * one_gpu_op[s["batch"]])
 print("| batch | runner | repeats | images/s (median) | min-max | GFLOP/image | MFU | vs torch.compile |")
 print("|---|---|---|---|---|---|---|---|")
 for s in summary:
@@ -107,6 +113,7 @@ for s in summary:
     fl = f"{s['flops_per_image'] / 1e9:.1f}" if s["flops_per_image"] else ""
     print(f"| {s['batch']} | {s['runner']} | {s['repeats']} | {s['images_per_s']:,.0f} | {s['min']:,.0f}-{s['max']:,.0f}"
           f" | {fl} | {s['mfu'] or 0:.3f} | {s['vs_torch_compile'] or 0:.2f} |"
-          + (f" weak-scaling efficiency on {s['devices']} GPUs: {s['weak_efficiency']:.3f}" if "devices" in s else ""))
+          + (f" weak-scaling efficiency on {s['devices']} GPUs: {s['weak_efficiency']:.3f}" if "devices" in s else "")
+          + (f" ({s['weak_efficiency_same_bn']:.3f} against keras-op)" if "weak_efficiency_same_bn" in s else ""))
 json.dump(summary, open(os.path.join(out, "r50-peer.json"), "w"), indent=1)
 PYEOF
