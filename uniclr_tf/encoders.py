@@ -85,20 +85,22 @@ class GroupBatchNormalization(layers.BatchNormalization):
         x = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
         grouped = ops.reshape(x, (self.groups, -1) + tuple(x.shape[1:]))
         axes = tuple(range(1, len(grouped.shape) - 1))
-        channels = grouped.shape[-1]
         mean, variance = ops.moments(grouped, axes=axes, keepdims=True)
-        momentum = self.momentum
-        self.moving_mean.assign(ops.cast(self.moving_mean, x.dtype) * momentum
-                                + ops.mean(ops.reshape(mean, (self.groups, channels)), axis=0) * (1.0 - momentum))
-        self.moving_variance.assign(ops.cast(self.moving_variance, x.dtype) * momentum
-                                    + ops.mean(ops.reshape(variance, (self.groups, channels)), axis=0)
-                                    * (1.0 - momentum))
+        self._update_moving_statistics(mean, variance)
         out = (grouped - mean) * ops.rsqrt(variance + self.epsilon)
         if self.scale:
             out = out * ops.cast(self.gamma, x.dtype)
         if self.center:
             out = out + ops.cast(self.beta, x.dtype)
         return ops.cast(ops.reshape(out, ops.shape(x)), self.compute_dtype)
+
+    def _update_moving_statistics(self, mean, variance):
+        """The moving mean and variance follow the mean over groups of the batch's ``[G, 1, ..., C]``
+        statistics, in the statistics' dtype."""
+        channels = mean.shape[-1]
+        for moving, batch in ((self.moving_mean, mean), (self.moving_variance, variance)):
+            moving.assign(ops.cast(moving, batch.dtype) * self.momentum
+                          + ops.mean(ops.reshape(batch, (self.groups, channels)), axis=0) * (1.0 - self.momentum))
 
     def _one_pass(self, inputs):
         """Training-mode ``one_pass`` batch norm: E[x] and E[x²] as two independent reductions, and a
@@ -116,12 +118,7 @@ class GroupBatchNormalization(layers.BatchNormalization):
         mean = ops.mean(x, axis=axes, keepdims=True)
         variance = ops.maximum(ops.mean(ops.square(x), axis=axes, keepdims=True) - ops.square(mean), 0.0)
         mean, variance = ops.stop_gradient(mean), ops.stop_gradient(variance)  # their gradient is in grad()
-        momentum = self.momentum
-        self.moving_mean.assign(ops.cast(self.moving_mean, ftype) * momentum
-                                + ops.mean(ops.reshape(mean, (self.groups, channels)), axis=0) * (1.0 - momentum))
-        self.moving_variance.assign(ops.cast(self.moving_variance, ftype) * momentum
-                                    + ops.mean(ops.reshape(variance, (self.groups, channels)), axis=0)
-                                    * (1.0 - momentum))
+        self._update_moving_statistics(mean, variance)
         inv_std = ops.rsqrt(variance + self.epsilon)
         gamma = ops.cast(self.gamma, ftype) if self.scale else ops.ones((channels,), ftype)
         beta = ops.cast(self.beta, ftype) if self.center else ops.zeros((channels,), ftype)
