@@ -224,8 +224,8 @@ def build_training_model(shape, mean, std):
 
     import keras
 
-    from uniclr_tf.config import TrainConfig
-    from uniclr_tf.train import build_augmenter, build_model, build_optimizer
+    from uniclr_tf.config.train_config import TrainConfig
+    from uniclr_tf.training.cli import build_augmenter, build_model, build_optimizer
 
     from uniclr_tf import methods
     takes = methods.get(FLAGS.objective).defaults
@@ -437,7 +437,7 @@ def _profile_dir():
 def trace_steps(stepper, next_batch, steps, log_dir):
     """``steps`` more steps, whole, under the profiler (the device idle before the first and after the
     last); returns ``log_dir``."""
-    from uniclr_tf.callbacks import start_trace, stop_trace
+    from uniclr_tf.training.callbacks import start_trace, stop_trace
     stepper.sync()
     start_trace(log_dir)
     try:
@@ -931,7 +931,7 @@ def _join_processes(backend, sections):
     if FLAGS.num_processes <= 1:
         return
     _require_jax_section_a(f"--num_processes={FLAGS.num_processes}", backend, sections)
-    from uniclr_tf import distribute
+    from uniclr_tf.training import distribute
 
     distribute.initialize_processes(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
 

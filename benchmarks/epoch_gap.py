@@ -5,7 +5,7 @@ the epoch-end and epoch-start work timed.
         --augment_on=device --epochs=20 --knn_every=0 --run_dir=/tmp/g --overwrite --verbose=2 --nopictures
 
 Everything after ``--`` goes to the train CLI. The *gap* of an epoch is the wall-clock from the end
-of its steps (:class:`uniclr_tf.callbacks.StepClock`'s ``on_epoch_end``: Keras has fetched the last
+of its steps (:class:`uniclr_tf.training.callbacks.StepClock`'s ``on_epoch_end``: Keras has fetched the last
 step's logs) to the start of the next epoch (``StepClock.on_epoch_begin``): the device is idle then.
 Its pieces: each callback's ``on_epoch_end`` (the backup's snapshot apart), the model's
 ``reset_metrics`` and the ``on_epoch_begin`` hooks. Also timed, in the backup writer's thread (off
@@ -46,8 +46,9 @@ def _timed(owner, name, label):
 def instrument(variant):
     from keras.src.callbacks import callback_list, history, progbar_logger
 
-    from uniclr_tf import backup, callbacks
-    from uniclr_tf.model import UniCLR
+    from uniclr_tf.training import backup
+    from uniclr_tf.training import callbacks
+    from uniclr_tf.nets.model import UniCLR
 
     _timed(UniCLR, "reset_metrics", "reset_metrics")  # the model's own (one compiled call on JAX)
     try:
@@ -116,13 +117,13 @@ def main():
     train_args = [a for a in train_args if a != "--"]
     from absl import flags
 
-    from uniclr_tf import train
+    from uniclr_tf.training import cli as train
     train.define_flags()
     flags.FLAGS([sys.argv[0], *train_args])
     cfg = train.config_from_flags()
     instrument(args.variant)
     start = time.perf_counter()
-    from uniclr_tf import backup
+    from uniclr_tf.training import backup
     try:
         train.run(cfg)
     except backup.TrainingStopped as e:  # --stop_after_steps: the epochs measured are enough

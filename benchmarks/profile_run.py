@@ -27,7 +27,7 @@ def main():
     train_args = [a for a in train_args if a != "--"]
     from absl import flags
 
-    from uniclr_tf import train
+    from uniclr_tf.training import cli as train
     train.define_flags()
     flags.FLAGS([sys.argv[0], *train_args])
     cfg = train.config_from_flags()

@@ -83,7 +83,7 @@ def main():
         return call
 
     jax_trainer.jit = capturing_jit
-    from uniclr_tf import train
+    from uniclr_tf.training import cli as train
     train.define_flags()
     devices = jax.devices()
     flags.FLAGS([sys.argv[0], "--strategy=data_parallel", "--augment_on=device", "--epochs=1", "--knn_every=0",

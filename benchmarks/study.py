@@ -48,7 +48,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as `python benchmarks/study.py` from a checkout: the package beside it
     sys.path.insert(0, ROOT)
-from uniclr_tf.runs import atomic_write_text  # noqa: E402  (standard library and NumPy only)
+from uniclr_tf.training.runs import atomic_write_text  # noqa: E402  (standard library and NumPy only)
 
 COPIED = ("history.json", "metrics.json", "flags.txt", "linear_eval.json", "config.json")
 EPOCH_MARKS = (10, 25, 50, 100, 200)  # kNN monitor epochs the table shows (knn_every must hit them)

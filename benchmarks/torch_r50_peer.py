@@ -7,7 +7,7 @@ A plain PyTorch script of the same model and loss as
 
 * torchvision's ResNet-50 (the ImageNet stem, random init, no classifier: 2048-d pooled features), the
   same network as ``keras.applications.ResNet50`` up to the padding of its strided convolutions;
-* the projector of ``uniclr_tf.heads.projector``: Linear (no bias)-BN-ReLU, Linear (no bias)-BN-ReLU,
+* the projector of ``uniclr_tf.nets.heads.projector``: Linear (no bias)-BN-ReLU, Linear (no bias)-BN-ReLU,
   Linear-BN without affine, 2048-2048-256;
 * SimAffinity (``objectives.sim_affinity_loss``): the mean cross-entropy of the rows of
   ``A = n(z1) n(z2)ᵀ / τ`` against their diagonal, plus ``γ‖A − Aᵀ‖_F`` (τ 0.2, γ 0.01), in float32;

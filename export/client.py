@@ -14,7 +14,7 @@ gRPC (``PredictionService.Predict``) is used when ``tensorflow_serving_apis`` is
 
 Image files are decoded exactly as ``folder:`` datasets are for training, by
 :func:`uniclr_tf.data.decode_image` (TensorFlow's decoder when installed, else Pillow's; see
-:func:`load_images`). Images are checked before sending with :func:`uniclr_tf.export.check_images`
+:func:`load_images`). Images are checked before sending with :func:`uniclr_tf.serving.export.check_images`
 (uint8, rank 4, the model's channel count, read from the model's metadata when not given). Images
 of different sizes go in separate requests (one request holds one tensor); the model resamples each
 to its training size.
@@ -30,10 +30,10 @@ import urllib.request
 import numpy as np
 
 try:
-    from uniclr_tf.export import check_images
+    from uniclr_tf.serving.export import check_images
 except ImportError:  # run as a script from a checkout: export/client.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from uniclr_tf.export import check_images
+    from uniclr_tf.serving.export import check_images
 
 SIGNATURE = "serving_default"
 INPUT_NAME = "images"

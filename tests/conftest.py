@@ -183,8 +183,8 @@ print(json.dumps(results))
 """
 
 
-CLI_IMPORTS = ("tensorflow", "keras", "uniclr_tf.backup", "uniclr_tf.config", "uniclr_tf.data", "uniclr_tf.methods",
-               "uniclr_tf.runs")
+CLI_IMPORTS = ("tensorflow", "keras", "uniclr_tf.training.backup", "uniclr_tf.config.train_config", "uniclr_tf.data", "uniclr_tf.methods",
+               "uniclr_tf.training.runs")
 
 
 def run_cli_forks(module, cases, preload=CLI_IMPORTS, env=None, timeout=600):
@@ -216,7 +216,7 @@ def tiny_run(tmp_path_factory):
     spend more time starting TensorFlow than training).
     """
     from absl import flags
-    from uniclr_tf import train
+    from uniclr_tf.training import cli as train
     parent = tmp_path_factory.mktemp("runs")
     fv = flags.FlagValues()
     train.define_flags(fv)

@@ -1,4 +1,4 @@
-"""The shipped XLA autotuning table (uniclr_tf/autotune.py): collect, seed, the shipped file, the CLI."""
+"""The shipped XLA autotuning table (uniclr_tf/training/autotune.py): collect, seed, the shipped file, the CLI."""
 
 import base64
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from uniclr_tf import autotune
+from uniclr_tf.training import autotune
 
 SHIPPED = autotune.table_path("0.11.2")
 
@@ -112,7 +112,7 @@ def test_the_shipped_table_round_trips_byte_for_byte(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "uniclr_tf.autotune", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "uniclr_tf.training.autotune", *args], capture_output=True, text=True,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO_ROOT
-from uniclr_tf import encoders
-from uniclr_tf.encoders import GroupBatchNormalization
+from uniclr_tf.nets import encoders
+from uniclr_tf.nets.encoders import GroupBatchNormalization
 
 
 def reference(x, groups, gamma, beta, eps=1e-5):

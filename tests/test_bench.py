@@ -13,8 +13,8 @@ import pytest
 from keras import ops
 
 from uniclr_tf import objectives as obj
-from uniclr_tf.launch import free_port
-from uniclr_tf import whitening
+from uniclr_tf.training.launch import free_port
+from uniclr_tf.objectives import whitening
 from tests.conftest import xla_flags
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -37,8 +37,10 @@ def test_the_model_adds_the_symmetric_term_only_where_the_method_says(pairs):
     CE + γ'·‖A − Aᵀ‖_F, γ' = γ·512/N on the global pair (and, with ``all``, on the local pairs)."""
     import keras
 
-    from uniclr_tf import encoders, heads, objectives
-    from uniclr_tf.model import UniCLR
+    from uniclr_tf import objectives
+    from uniclr_tf.nets import encoders
+    from uniclr_tf.nets import heads
+    from uniclr_tf.nets.model import UniCLR
     keras.utils.set_random_seed(0)
     encoder = encoders.build_encoder("tiny", (16, 16, 1), width=8)
     projector = heads.projector(encoder.output_shape[-1], (16, 8))
@@ -64,7 +66,7 @@ def test_the_model_adds_the_symmetric_term_only_where_the_method_says(pairs):
 
 def _replay(readings, raw=0.7881, warmup=10, dim=256):
     """Feeds (epoch, {logs}) to a detector; returns the epoch where it fired, or None."""
-    from uniclr_tf.callbacks import CollapseDetector, TrainingCollapsed
+    from uniclr_tf.training.callbacks import CollapseDetector, TrainingCollapsed
     detector = CollapseDetector(dim, raw, warmup)
     for epoch, logs in readings:
         try:
@@ -91,7 +93,7 @@ def test_the_detector_fires_on_collapsed_runs_and_never_on_healthy_ones(history,
 
 
 def test_a_warn_detector_prints_and_goes_on(capsys):
-    from uniclr_tf.callbacks import CollapseDetector
+    from uniclr_tf.training.callbacks import CollapseDetector
     detector = CollapseDetector(256, 0.79, 0, on_collapse="warn")
     detector.on_epoch_end(0, {"knn_top1": 0.80})
     detector.on_epoch_end(1, {"knn_top1": 0.50})
@@ -116,8 +118,8 @@ def _train(*flags, run_dir):
 
 
 def test_a_collapse_stops_the_run_keeps_its_healthy_backup_and_is_refused_downstream(tmp_path):
-    from uniclr_tf import export
-    from uniclr_tf.runs import RunFolderError
+    from uniclr_tf.serving import export
+    from uniclr_tf.training.runs import RunFolderError
     from uniclr_tf.tools import release
 
     first = _train(*COLLAPSING, "--run_name=bad", run_dir=tmp_path)
@@ -172,7 +174,7 @@ def test_on_collapse_warn_finishes_the_run_and_says_it_is_below_raw_pixels(tmp_p
 def test_fixed_lr_parameters_ignore_the_schedule(name):
     import keras
 
-    from uniclr_tf.optimizers import build_optimizer
+    from uniclr_tf.training.optimizers import build_optimizer
     schedule = keras.optimizers.schedules.PolynomialDecay(1.0, 10, end_learning_rate=0.0)
     opt = build_optimizer(name, schedule, momentum=0.0, weight_decay=0.0, fixed_learning_rate=0.5,
                           fixed_lr_patterns=["predictor"])
@@ -190,8 +192,8 @@ def test_fixed_lr_parameters_ignore_the_schedule(name):
 
 
 def test_simsiam_learns_its_predictor_at_the_peak_rate():
-    from uniclr_tf import train
-    from uniclr_tf.config import TrainConfig
+    from uniclr_tf.training import cli as train
+    from uniclr_tf.config.train_config import TrainConfig
     cfg = TrainConfig.make(method="simsiam", base_learning_rate=0.05, batch_size=512, epochs=10)
     opt = train.build_optimizer(cfg, steps_per_epoch=100)
     assert opt.fixed_lr_patterns == ("predictor",) or list(opt.fixed_lr_patterns) == ["predictor"]

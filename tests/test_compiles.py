@@ -13,7 +13,7 @@ import pytest
 
 # Every program the fit of this run may compile (each once, in epoch 1), by its function's name:
 ALLOWED_IN_FIT = {
-    "train_step",       # Keras's jitted train step (uniclr_tf.steps.jax_step)
+    "train_step",       # Keras's jitted train step (uniclr_tf.training.steps.jax_step)
     "features",         # the kNN monitor's encoder on a batch (evaluation._device_feature_batches)
     "knn_eval_device",  # the monitor's kNN votes + effective rank (evaluation._device_knn_program)
     "pack",             # the backup's device copy of the variables (backup.Packed)
@@ -30,7 +30,7 @@ import jax
 jax.config.update("jax_log_compiles", True)
 import keras
 from absl import flags
-from uniclr_tf import train
+from uniclr_tf.training import cli as train
 
 phase = ["build"]
 compiles = []

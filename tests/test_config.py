@@ -7,9 +7,12 @@ import re
 import pytest
 from absl import flags
 
-from uniclr_tf import flagutil, methods, runs, train
-from uniclr_tf.config import TrainConfig
-from uniclr_tf.errors import UsageError
+from uniclr_tf import methods
+from uniclr_tf.config import flagutil
+from uniclr_tf.training import runs
+from uniclr_tf.training import cli as train
+from uniclr_tf.config.train_config import TrainConfig
+from uniclr_tf.config.errors import UsageError
 
 # A run folder's files as the flat TrainConfig wrote them before the sub-configs (configs/quickstart.flags,
 # resolved): written out by hand, so that a change of the on-disk layout shows here.
@@ -133,7 +136,7 @@ def test_invocation_fields_are_the_invocation_sub_config():
 
 
 def test_sub_configs_validate_their_own_fields_and_train_config_the_shared_ones():
-    from uniclr_tf.config import OptimConfig, SystemConfig
+    from uniclr_tf.config.train_config import OptimConfig, SystemConfig
     with pytest.raises(UsageError, match=r"--warmup_epochs: expected at most --epochs=2; received 5"):
         OptimConfig(epochs=2, warmup_epochs=5)
     with pytest.raises(UsageError, match=r"--stop_at_epoch: expected an integer in \[0, --epochs=2\]"):

@@ -11,13 +11,13 @@ import time
 import pytest
 
 from tests.conftest import REPO_ROOT
-from uniclr_tf import distribute
+from uniclr_tf.training import distribute
 
 # An address that refuses or never answers (port 1 on the loopback), and a TPU name that does not
 # exist (resolved through the GCE metadata server, absent here).
 TPU_PROBE = """
 import json, time
-from uniclr_tf import distribute
+from uniclr_tf.training import distribute
 out = {}
 for tpu in ("grpc://127.0.0.1:1", "no-such-tpu-uniclr-test"):
     start = time.monotonic()

@@ -12,14 +12,16 @@ import pytest
 
 from tests.conftest import PythonJob, run_python_snippets, xla_flags
 from uniclr_tf import methods
-from uniclr_tf.launch import free_port
+from uniclr_tf.training.launch import free_port
 
 COMMON = r"""
 import json, os
 import numpy as np
 import keras
-from uniclr_tf import encoders, heads, methods
-from uniclr_tf.model import UniCLR
+from uniclr_tf import methods
+from uniclr_tf.nets import encoders
+from uniclr_tf.nets import heads
+from uniclr_tf.nets.model import UniCLR
 
 STEPS = 3
 
@@ -316,7 +318,7 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_and_resumes(tmp
 
 
 def test_launch_builds_one_command_per_gpu_and_refuses_the_flags_it_sets():
-    from uniclr_tf import launch
+    from uniclr_tf.training import launch
 
     jobs = launch.commands(["--flagfile=configs/simtrace.flags"], 2, ["3", "5"], 1234)
     assert [env for _, env in jobs] == [{"KERAS_BACKEND": "jax", "CUDA_VISIBLE_DEVICES": "3"},
@@ -333,7 +335,7 @@ def test_launch_builds_one_command_per_gpu_and_refuses_the_flags_it_sets():
 
 
 def test_launch_cpu_binding_gives_each_process_a_disjoint_share_of_its_gpus_cpus():
-    from uniclr_tf import launch
+    from uniclr_tf.training import launch
 
     assert launch.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
     assert launch._cpulist([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and launch._cpulist(None) == "all"
@@ -351,7 +353,7 @@ def test_launch_binds_a_started_process_to_its_cpus():
     import os
     import subprocess
 
-    from uniclr_tf import launch
+    from uniclr_tf.training import launch
 
     cpu = min(os.sched_getaffinity(0))
     p = launch.start([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], cpus=[cpu],
@@ -365,7 +367,7 @@ def _stubborn_children(n):
     import subprocess
     import sys
 
-    from uniclr_tf import launch
+    from uniclr_tf.training import launch
 
     code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
             "time.sleep(120)")
@@ -378,7 +380,8 @@ def test_launch_kills_processes_that_do_not_stop_after_the_signal_or_at_a_second
     import signal
     import time
 
-    from uniclr_tf import launch, stop_signals
+    from uniclr_tf.training import launch
+    from uniclr_tf.training import stop_signals
 
     job = launch.Job(_stubborn_children(2), stop_timeout_s=1.0)
     started = time.monotonic()

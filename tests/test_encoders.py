@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-from uniclr_tf import encoders
+from uniclr_tf.nets import encoders
 
 TINY_VIT = (32, 2, 2, 64)  # hidden size, layers, heads, MLP size: ViT-Tiny's structure, test-sized
 
@@ -66,8 +66,9 @@ def test_keras_hub_encoders_train_with_an_ema_target(name):
     ones. The train CLI with ``--encoder=vit_tiny`` or ``hub_resnet18``, ``uniclr_tf.export`` and its
     ``--check`` pass too (80-95 s on 2 cores, run by hand); the export of a ViT run folder is tested below."""
     pytest.importorskip("keras_hub")
-    from uniclr_tf import heads, methods
-    from uniclr_tf.model import UniCLR
+    from uniclr_tf import methods
+    from uniclr_tf.nets import heads
+    from uniclr_tf.nets.model import UniCLR
 
     keras.utils.set_random_seed(0)
     method = methods.get("byol")()
@@ -101,8 +102,9 @@ def test_vit_run_exports_a_savedmodel_that_matches_keras(tmp_path):
         pytest.skip("the SavedModel export needs the TensorFlow backend")
     import json
     import os
-    from uniclr_tf import export, heads
-    from uniclr_tf.config import TrainConfig
+    from uniclr_tf.serving import export
+    from uniclr_tf.nets import heads
+    from uniclr_tf.config.train_config import TrainConfig
     run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "export")
     os.makedirs(run_dir)
     keras.utils.set_random_seed(0)
@@ -122,7 +124,7 @@ def test_vit_run_exports_a_savedmodel_that_matches_keras(tmp_path):
 
 
 def test_config_lists_the_same_encoders():
-    from uniclr_tf import config
+    from uniclr_tf.config import train_config as config
     assert config.ENCODERS == encoders.ENCODERS
 
 

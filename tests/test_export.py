@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO_ROOT, file_tree
-from uniclr_tf import encoders, export, heads
+from uniclr_tf.nets import encoders
+from uniclr_tf.serving import export
+from uniclr_tf.nets import heads
 from uniclr_tf.augment import EvalPreprocess
-from uniclr_tf.config import TrainConfig
+from uniclr_tf.config.train_config import TrainConfig
 
 if keras.backend.backend() != "tensorflow":  # the export itself needs TF; JAX is covered by a subprocess
     pytest.skip("export tests run on the TensorFlow backend", allow_module_level=True)
@@ -40,7 +42,7 @@ def _load_module(name):
 
 
 def make_run(run_dir, seed=0, encoder_name="tiny", width=4, projector_dims=(32, 8)):
-    """A run folder as ``uniclr_tf.train.run`` leaves it (the files export reads)."""
+    """A run folder as ``uniclr_tf.training.cli.run`` leaves it (the files export reads)."""
     keras.utils.set_random_seed(seed)
     os.makedirs(run_dir, exist_ok=True)
     encoder = encoders.build_encoder(encoder_name, IMAGE_SHAPE, width=width)
@@ -136,7 +138,7 @@ print(json.dumps(out))
 JAX_PROCESS = """
 import json, sys
 import keras
-from uniclr_tf import export
+from uniclr_tf.serving import export
 run_dir, out_dir, jax_out = sys.argv[1:]
 try:
     export.export_run(run_dir, jax_out)
@@ -307,7 +309,7 @@ def test_the_makefile_export_commands_parse():
 
     from absl import flags
 
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
     lines = [line.split("-m uniclr_tf.export", 1)[1] for line in (REPO_ROOT / "Makefile").read_text().splitlines()
              if "-m uniclr_tf.export " in line]
     configs = []

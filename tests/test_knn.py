@@ -56,7 +56,7 @@ def test_jax_knn_monitor_keeps_features_on_the_device(run_python):
 import numpy as np
 from uniclr_tf.evaluation import features as evaluation, knn
 from uniclr_tf.augment import EvalPreprocess
-from uniclr_tf.encoders import build_encoder
+from uniclr_tf.nets.encoders import build_encoder
 rng = np.random.default_rng(0)
 x = rng.integers(0, 256, (300, 16, 16, 1), dtype=np.uint8); y = rng.integers(0, 3, 300)
 x[y == 1, :8] = 255; x[y == 2, 8:] = 0

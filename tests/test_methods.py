@@ -25,15 +25,17 @@ import pytest
 
 from tests.conftest import HANDOFF, REPO_ROOT, run_python_snippets
 from uniclr_tf import methods
-from uniclr_tf.config import TrainConfig
+from uniclr_tf.config.train_config import TrainConfig
 
 NAMES = methods.names()
 
 # A tiny network per method, built the way train.build_model does (heads from the method).
 BUILD = r"""
 import json, os, numpy as np, keras
-from uniclr_tf import encoders, heads, methods
-from uniclr_tf.model import UniCLR
+from uniclr_tf import methods
+from uniclr_tf.nets import encoders
+from uniclr_tf.nets import heads
+from uniclr_tf.nets.model import UniCLR
 
 def build(name):
     keras.utils.set_random_seed(1)
@@ -126,7 +128,7 @@ def test_method_declares_everything(name):
         assert cls.spec(option).help, option
     # Its flagfile trains this method, and the README's method table names it with the flagfile.
     from absl import flags
-    from uniclr_tf import train
+    from uniclr_tf.training import cli as train
     fv = flags.FlagValues()
     train.define_flags(fv)
     fv(["train", f"--flagfile={REPO_ROOT / 'configs' / 'methods' / (name + '.flags')}"])
@@ -196,9 +198,10 @@ def test_loss_is_finite_on_a_collapsed_batch(name, trained):
 
 CLI_RUN = r"""
 import json, os, sys
-from uniclr_tf import export, train
+from uniclr_tf.serving import export
+from uniclr_tf.training import cli as train
 REPORT = {}
-from uniclr_tf.config import TrainConfig
+from uniclr_tf.config.train_config import TrainConfig
 for name in __NAMES__:
     cfg = TrainConfig.make(method=name, encoder="tiny", encoder_width=4, projector_dims=(32, 16), predictor_hidden=16,
                            batch_size=32, epochs=2, steps_per_epoch=2, warmup_epochs=0, max_examples=256,
@@ -266,8 +269,8 @@ def _tensorboard_tags(folder):
 
 def _tiny_model(name, steps_per_epoch, **options):
     import keras
-    from uniclr_tf import encoders
-    from uniclr_tf.model import UniCLR
+    from uniclr_tf.nets import encoders
+    from uniclr_tf.nets.model import UniCLR
     keras.utils.set_random_seed(3)
     method = methods.create(name, **options)
     enc = encoders.build_encoder("tiny", (16, 16, 1), width=4)

@@ -6,9 +6,11 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import HANDOFF, run_python_snippets
-from uniclr_tf import encoders, heads, objectives
-from uniclr_tf.model import UniCLR, unpack
-from uniclr_tf.schedules import momentum_schedule
+from uniclr_tf import objectives
+from uniclr_tf.nets import encoders
+from uniclr_tf.nets import heads
+from uniclr_tf.nets.model import UniCLR, unpack
+from uniclr_tf.training.schedules import momentum_schedule
 
 
 def small_model(objective="simtrace", predictor=False, ema=None, total=10, num_classes=None, **kw):
@@ -140,9 +142,10 @@ def test_invalid_arguments_are_rejected():
 # which the JAX one loads (6 processes one after the other before: 75 s -> 25 s on 2 cores).
 RUNS = r"""
 import json, os, numpy as np, keras
-from uniclr_tf import encoders, heads
+from uniclr_tf.nets import encoders
+from uniclr_tf.nets import heads
 from uniclr_tf.augment import ViewAugmenter
-from uniclr_tf.model import UniCLR
+from uniclr_tf.nets.model import UniCLR
 """ + HANDOFF + r"""
 def parity(objective, path):
     keras.utils.set_random_seed(1)

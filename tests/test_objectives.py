@@ -1,4 +1,4 @@
-"""Tests of uniclr_tf.objectives and uniclr_tf.whitening.
+"""Tests of uniclr_tf.objectives and uniclr_tf.objectives.whitening.
 
 Values are compared with an independent float64 NumPy reference written here (Σ⁻¹ through
 ``np.linalg.solve`` for the trace and one-sided forms, ``np.linalg.cholesky`` + a triangular solve
@@ -16,7 +16,7 @@ from uniclr_tf import objectives as obj
 
 UNICLR_LOSSES = {"simaffinity": obj.sim_affinity_loss, "simwhitening": obj.sim_whitening_loss,
                  "simtrace": obj.sim_trace_loss}
-from uniclr_tf import whitening
+from uniclr_tf.objectives import whitening
 
 try:
     from scipy.linalg import solve_triangular as _scipy_solve_triangular

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from uniclr_tf.optimizers import LARS
-from uniclr_tf.schedules import WarmupCosine
+from uniclr_tf.training.optimizers import LARS
+from uniclr_tf.training.schedules import WarmupCosine
 
 ATOL = 1e-6
 HYPER = dict(learning_rate=2.0, momentum=0.9, weight_decay=0.1, eta=0.05)
@@ -112,7 +112,7 @@ def test_golden_values_jax(run_python):
     out = run_python(f"""
         import json
         import jax, keras, numpy as np
-        from uniclr_tf.optimizers import LARS
+        from uniclr_tf.training.optimizers import LARS
         case = json.loads({payload!r})
         weights = [np.asarray(w, "float32") for w in case["weights"]]
         grads = [[np.asarray(g, "float32") for g in s] for s in case["grads"]]
@@ -345,7 +345,7 @@ def sgd_reference(weights, grads_per_step, learning_rate, momentum, weight_decay
 
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_sgd_decays_in_the_gradient_every_parameter(nesterov):
-    from uniclr_tf.optimizers import SGD, build_optimizer
+    from uniclr_tf.training.optimizers import SGD, build_optimizer
     names, weights, grads = make_case()
     hyper = dict(learning_rate=0.5, momentum=0.9, weight_decay=0.1)
     opt = build_optimizer("sgd", hyper["learning_rate"], momentum=0.9, weight_decay=0.1, nesterov=nesterov)
@@ -361,7 +361,7 @@ def test_sgd_decays_in_the_gradient_every_parameter(nesterov):
 
 
 def test_sgd_exclusions_and_config_round_trip():
-    from uniclr_tf.optimizers import SGD
+    from uniclr_tf.training.optimizers import SGD
     names, weights, grads = make_case()
     opt = SGD(0.5, momentum=0.9, weight_decay=0.1, exclude_from_weight_decay=["bn_"])
     got, _ = run_tf(weights, grads, names, optimizer=opt)

@@ -96,7 +96,7 @@ def test_wheel_holds_the_package_its_metadata_and_licence(wheel):
     top = {n.split("/", 1)[0] for n in names}
     assert top == {"uniclr_tf", dist_info}, top  # no tests/, benchmarks/, export/ or scripts/ packages
     assert "uniclr_tf/objectives/uniclr.py" in names and "uniclr_tf/methods/byol.py" in names
-    assert "uniclr_tf/autotune_tables/jaxlib-0.11.2.json" in names  # package data: the XLA autotuning table
+    assert "uniclr_tf/training/autotune_tables/jaxlib-0.11.2.json" in names  # package data: the XLA autotuning table
     assert licence_files == {"LICENSE", "NOTICE"}
     assert re.search(r"^License-Expression: Apache-2\.0$", metadata, re.M), metadata[:2000]
     assert re.search(r"^Requires-Python: >=3\.11$", metadata, re.M)
@@ -158,8 +158,8 @@ def test_a_stray_word_after_the_flags_is_refused_naming_it(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-CLI_MODULES = ("uniclr_tf.train", "uniclr_tf.evaluation.linear", "uniclr_tf.evaluation.finetune", "uniclr_tf.export",
-               "uniclr_tf.autotune", "uniclr_tf.tools.release", "uniclr_tf.tools.folder_to_tfrecord")
+CLI_MODULES = ("uniclr_tf.training.cli", "uniclr_tf.evaluation.linear", "uniclr_tf.evaluation.finetune", "uniclr_tf.serving.export",
+               "uniclr_tf.training.autotune", "uniclr_tf.serving.release", "uniclr_tf.tools.folder_to_tfrecord")
 
 
 @pytest.mark.parametrize("module", CLI_MODULES)

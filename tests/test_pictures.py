@@ -1,4 +1,4 @@
-"""uniclr_tf.pictures: the views / neighbours / embedding PNGs a run writes, and their TensorBoard
+"""uniclr_tf.evaluation.pictures: the views / neighbours / embedding PNGs a run writes, and their TensorBoard
 copies. Small data (a few hundred Fashion-MNIST images), a tiny encoder, one JAX subprocess."""
 
 import os
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from uniclr_tf import pictures
+from uniclr_tf.evaluation import pictures
 
 MEAN, STD = (0.2860406,), (0.3530242,)
 
@@ -168,7 +168,7 @@ def test_write_run_pictures_png_tensorboard_and_projector(fmnist, augmenter, tmp
     import keras
 
     from uniclr_tf.augment import EvalPreprocess
-    from uniclr_tf.encoders import build_encoder
+    from uniclr_tf.nets.encoders import build_encoder
 
     if keras.backend.backend() != "tensorflow":
         pytest.skip("TensorBoard part runs on the TF backend")
@@ -230,9 +230,9 @@ class NoTensorFlow(importlib.abc.MetaPathFinder):  # as on the JAX-only GPU mach
 
 sys.meta_path.insert(0, NoTensorFlow())
 import numpy as np
-from uniclr_tf import pictures
+from uniclr_tf.evaluation import pictures
 from uniclr_tf.augment import EvalPreprocess, ViewAugmenter
-from uniclr_tf.encoders import build_encoder
+from uniclr_tf.nets.encoders import build_encoder
 
 rng = np.random.default_rng(0)
 labels = rng.integers(0, 3, 160)

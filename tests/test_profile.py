@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from uniclr_tf.callbacks import StepProfiler
+from uniclr_tf.training.callbacks import StepProfiler
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,8 +32,8 @@ def test_step_profiler_traces_the_steps_asked_for(tmp_path, capsys):
 
 
 def test_profile_steps_flag_is_checked():
-    from uniclr_tf.config import TrainConfig
-    from uniclr_tf.errors import UsageError
+    from uniclr_tf.config.train_config import TrainConfig
+    from uniclr_tf.config.errors import UsageError
     assert TrainConfig.make(profile_steps=(3, 5)).invocation.profile_steps == (3, 5)
     for bad in ((0, 2), (5, 3), (1, 2, 3)):
         with pytest.raises(UsageError, match="--profile_steps"):

@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import NO_TENSORFLOW, PythonJob, file_tree, run_cli_forks
 from uniclr_tf.evaluation import protocols
-from uniclr_tf.runs import RunFolder, RunFolderError
+from uniclr_tf.training.runs import RunFolder, RunFolderError
 from uniclr_tf.tools import release
 
 if keras.backend.backend() != "tensorflow":  # the run's reference features and the SavedModel: TF
@@ -86,7 +86,7 @@ def _write_metrics(run, **changes):
 def _grouped_encoder(run):
     """encoder.keras of ``run`` rewritten with GroupBatchNormalization (groups=2) and synchronized BN
     layers, one of two each, same weights: what --batch_norm=per_device / MirroredStrategy runs save."""
-    from uniclr_tf.encoders import GroupBatchNormalization
+    from uniclr_tf.nets.encoders import GroupBatchNormalization
     encoder = keras.saving.load_model(run / "encoder.keras", compile=False)
     seen = []
 

@@ -189,7 +189,7 @@ def test_a_signal_saves_a_backup_and_the_folder_stays_usable(sig, code, tmp_path
     assert state["reason"] == signal.Signals(sig).name and state["step"] >= 4
     assert strict_json(run / "metrics.json")["status"] == "interrupted"
     # export and linear_eval can use the stopped run: its encoder is there.
-    from uniclr_tf.runs import RunFolder
+    from uniclr_tf.training.runs import RunFolder
     encoder = RunFolder(str(run)).load_encoder()
     assert encoder.output_shape[-1] > 0
     if sig == signal.SIGTERM:  # and the same command continues it
@@ -219,7 +219,7 @@ FULL_DISK = r"""
 import errno, sys
 import keras
 from absl import app
-from uniclr_tf import train
+from uniclr_tf.training import cli as train
 
 def no_space(self, filepath, *args, **kwargs):
     with open(filepath, "wb") as f:
@@ -269,7 +269,7 @@ def test_log_is_one_line_per_epoch_off_a_terminal(runs):
 
 
 def test_whitening_with_too_few_rows_is_refused_unless_made_well_posed():
-    from uniclr_tf.config import TrainConfig
+    from uniclr_tf.config.train_config import TrainConfig
     with pytest.raises(ValueError, match=r"--batch_size=16: simtrace whitens the 2N = 32 rows"):
         TrainConfig.make(method="simtrace", projector_dims=(64, 512), batch_size=16)
     with pytest.raises(ValueError, match=r"--batch_size=16: simwhitening whitens"):
@@ -284,8 +284,8 @@ def test_history_files_are_written_in_the_background_and_before_the_epochs_backu
     waits for them before it writes the epoch's backup, so history >= backup at any kill."""
     import threading
 
-    from uniclr_tf import backup
-    from uniclr_tf.callbacks import HistoryRecorder
+    from uniclr_tf.training import backup
+    from uniclr_tf.training.callbacks import HistoryRecorder
 
     release, events = threading.Event(), []
     real = HistoryRecorder._write_files
@@ -320,7 +320,7 @@ def test_history_files_are_written_in_the_background_and_before_the_epochs_backu
 def test_a_failed_background_history_write_is_raised_at_the_next_epoch_end(tmp_path, monkeypatch):
     import errno
 
-    from uniclr_tf.callbacks import HistoryRecorder
+    from uniclr_tf.training.callbacks import HistoryRecorder
 
     def no_space(self, epochs):
         raise OSError(errno.ENOSPC, "No space left on device", "history.json")
@@ -344,7 +344,7 @@ def test_a_jax_snapshot_fetched_in_pieces_is_every_value_exactly():
     out = run_python_snippet(r"""
         import json, time
         import jax, numpy as np
-        from uniclr_tf import backup
+        from uniclr_tf.training import backup
         rng = np.random.default_rng(0)
         values = [jax.numpy.asarray(rng.normal(size=s).astype(np.float32)) for s in [(7, 5), (3,), (11, 2, 3)]]
         values += [jax.numpy.asarray(np.arange(9, dtype=np.int32)), jax.numpy.asarray(np.array([3, 1], np.uint32))]
@@ -376,7 +376,7 @@ def test_a_multi_process_snapshot_packs_this_process_copy_on_one_device():
     out = run_python_snippet(r"""
         import json
         import jax, keras, numpy as np
-        from uniclr_tf import backup
+        from uniclr_tf.training import backup
         keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.BatchNormalization()])
         model.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
@@ -404,7 +404,7 @@ def test_a_backup_whose_compile_the_signal_killed_is_compiled_again(tmp_path, mo
     written; without a signal the same error is raised as it is."""
     import keras
 
-    from uniclr_tf import backup
+    from uniclr_tf.training import backup
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")

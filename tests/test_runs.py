@@ -8,8 +8,10 @@ import keras
 import numpy as np
 import pytest
 
-from uniclr_tf import evaluation, optimizers, runs
-from uniclr_tf.runs import RunFolder, RunFolderError
+from uniclr_tf import evaluation
+from uniclr_tf.training import optimizers
+from uniclr_tf.training import runs
+from uniclr_tf.training.runs import RunFolder, RunFolderError
 
 IMAGE_SHAPE = (8, 8, 1)
 
@@ -207,7 +209,7 @@ def test_knn_eval_on_extracted_features_of_separable_images():
 
 
 def test_build_optimizer_classes_and_lars_exclusions():
-    from uniclr_tf.optimizers import LARS, build_optimizer
+    from uniclr_tf.training.optimizers import LARS, build_optimizer
 
     lars = build_optimizer("lars", 0.1, momentum=0.8, weight_decay=1e-6,
                            exclude_from_adaptation=["linear_probe"], exclude_from_weight_decay=("linear_probe",))

@@ -35,7 +35,8 @@ PATCHED_CLI = r"""
 import os, signal, sys, time
 import keras
 from absl import app
-from uniclr_tf import backup, train
+from uniclr_tf.training import backup
+from uniclr_tf.training import cli as train
 mode, args = sys.argv[1], sys.argv[2:]
 
 def once(fn):
@@ -142,8 +143,9 @@ def one_line_exit(proc, code):
 # 1, 2: the run folder: --overwrite never wipes what is not a run, one process at a time
 
 def test_overwrite_never_leaves_run_dir_nor_deletes_a_folder_that_is_not_a_run(tmp_path):
-    from uniclr_tf import runs, train
-    from uniclr_tf.config import TrainConfig
+    from uniclr_tf.training import runs
+    from uniclr_tf.training import cli as train
+    from uniclr_tf.config.train_config import TrainConfig
     parent = tmp_path / "parent"
     (parent / "runs").mkdir(parents=True)
     (parent / "precious").mkdir()
@@ -177,7 +179,7 @@ def test_overwrite_never_leaves_run_dir_nor_deletes_a_folder_that_is_not_a_run(t
 
 HOLD_LOCK = r"""
 import sys, time
-from uniclr_tf import runs
+from uniclr_tf.training import runs
 lock = runs.RunLock(sys.argv[1])
 print("locked", flush=True)
 time.sleep(600)
@@ -185,7 +187,7 @@ time.sleep(600)
 
 
 def test_a_run_folder_is_locked_by_one_process_and_a_killed_holder_leaves_no_stuck_lock(tmp_path):
-    from uniclr_tf import runs
+    from uniclr_tf.training import runs
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path / "r")], env=env,
                               stdout=subprocess.PIPE, text=True)
@@ -308,7 +310,8 @@ def test_finished_is_written_last_and_an_interrupted_export_is_finished_by_a_rer
 
 
 def test_export_errors_are_one_line(tiny_run, tmp_path):
-    from uniclr_tf import export, runs
+    from uniclr_tf.serving import export
+    from uniclr_tf.training import runs
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "saved_model.pb").write_bytes(b"not a saved model")
@@ -327,14 +330,14 @@ def test_export_errors_are_one_line(tiny_run, tmp_path):
 # 5: backups: two kept, the latest checked, a damaged one falls back, unreadable state named
 
 def fake_backup(run_dir, step):
-    from uniclr_tf import backup
+    from uniclr_tf.training import backup
     values = [("dense/kernel", np.full((64, 64), step, np.float32)), ("step", np.array(step, np.int64))]
     return backup.write(str(run_dir), values, epoch=step // 3, step=step, reason="epoch")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "bit_flip", "zero_bytes", "missing"])
 def test_a_damaged_latest_backup_falls_back_to_the_one_before(damage, tmp_path, capsys):
-    from uniclr_tf import backup
+    from uniclr_tf.training import backup
     for step in (3, 6, 9):
         fake_backup(tmp_path, step)
     folder = tmp_path / backup.BACKUP_DIR
@@ -358,7 +361,8 @@ def test_a_damaged_latest_backup_falls_back_to_the_one_before(damage, tmp_path, 
 
 
 def test_backup_state_that_cannot_be_read_is_named_or_recovered_never_a_silent_restart(tmp_path, capsys):
-    from uniclr_tf import backup, runs
+    from uniclr_tf.training import backup
+    from uniclr_tf.training import runs
     fake_backup(tmp_path, 3)
     fake_backup(tmp_path, 6)
     state_file = tmp_path / backup.BACKUP_DIR / backup.STATE_FILE
@@ -385,7 +389,8 @@ def test_a_signal_delivered_twice_at_once_is_one_signal_and_a_later_sigint_is_a_
     import signal
     import time
 
-    from uniclr_tf import backup, stop_signals
+    from uniclr_tf.training import backup
+    from uniclr_tf.training import stop_signals
 
     interrupts = backup.Interrupts()
     interrupts._handle(signal.SIGINT, None)
@@ -431,8 +436,8 @@ def test_divergence_is_caught_inside_the_epoch(cli_runs):
 
 
 def test_resume_notes_say_where_the_run_resumes():
-    from uniclr_tf import train
-    from uniclr_tf.config import TrainConfig
+    from uniclr_tf.training import cli as train
+    from uniclr_tf.config.train_config import TrainConfig
     assert train._resume_note({"epoch": 6, "step": 60}, 6) == (" (all 6 epochs done, step 60: resuming at the "
                                                                 "final stage)")
     assert train._resume_note({"epoch": 1, "step": 15}, 6) == " (resuming at epoch 2, step 15)"

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 
-from uniclr_tf.schedules import WarmupCosine, momentum_schedule
+from uniclr_tf.training.schedules import WarmupCosine, momentum_schedule
 
 # Paper defaults at CIFAR scale: base 0.05 (ImageNet) at batch 512 → peak 0.1.
 BASE, BATCH, TOTAL, WARMUP = 0.05, 512, 110, 10
@@ -125,7 +125,7 @@ def test_schedule_on_jax_under_jit(run_python):
     out = run_python("""
         import json
         import jax, keras, numpy as np
-        from uniclr_tf.schedules import WarmupCosine, momentum_schedule
+        from uniclr_tf.training.schedules import WarmupCosine, momentum_schedule
         schedule = WarmupCosine(0.05, 512, 110, 10)
         steps = jax.numpy.arange(120, dtype="int32")
         lr = jax.jit(schedule)(steps)

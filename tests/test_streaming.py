@@ -22,7 +22,7 @@ from PIL import Image
 from tests.conftest import REPO_ROOT
 from tests.test_data import DECODE_CASES, coded_image, make_class_folder, one_line, write_image
 from uniclr_tf import data
-from uniclr_tf.config import TrainConfig
+from uniclr_tf.config.train_config import TrainConfig
 from uniclr_tf.data import DataError
 from uniclr_tf.tools import folder_to_tfrecord
 

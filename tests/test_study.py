@@ -151,7 +151,7 @@ def test_every_row_of_a_shipped_plan_is_a_train_command_the_cli_accepts(plan, mo
     """A typo or an option its method does not take in a plan row would only show on the GPU, after the
     rows before it had trained: each row's flags are parsed, resolved and checked here as train.run does."""
     from absl import flags
-    from uniclr_tf import train
+    from uniclr_tf.training import cli as train
     monkeypatch.chdir(REPO_ROOT)  # the rows' flagfiles are relative to the repository
     common, runs = study.read_plan(plan)
     for name, own in runs:

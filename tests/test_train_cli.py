@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import NO_TENSORFLOW, REPO_ROOT, run_cli_forks, run_python_snippet
 
-from uniclr_tf.config import TrainConfig
+from uniclr_tf.config.train_config import TrainConfig
 
 
 def run_cli(*args, timeout=600):
@@ -151,7 +151,7 @@ def test_cli_rejects_bad_values_with_a_clear_message(case, cli):
 
 def test_every_config_field_has_a_flag_and_every_flagfile_parses():
     from absl import flags
-    from uniclr_tf import train
+    from uniclr_tf.training import cli as train
     fv = flags.FlagValues()
     train.define_flags(fv)
     names = os.listdir(REPO_ROOT / "configs")
@@ -173,8 +173,8 @@ def test_every_config_field_has_a_flag_and_every_flagfile_parses():
 
 NO_TF_RUN = NO_TENSORFLOW + r"""
 import json, sys
-from uniclr_tf.config import TrainConfig
-from uniclr_tf import train
+from uniclr_tf.config.train_config import TrainConfig
+from uniclr_tf.training import cli as train
 cfg = TrainConfig.make(encoder="tiny", encoder_width=8, projector_dims=(64, 32), method="simtrace",
                   batch_size=64, epochs=1, steps_per_epoch=3, warmup_epochs=0, max_examples=512,
                   knn_every=0, augment_on="device", run_dir={run_dir!r}, run_name="notf")

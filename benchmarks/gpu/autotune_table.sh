@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Makes (or extends) the XLA autotuning table of uniclr_tf/autotune.py for the card of this GPU machine:
+# Makes (or extends) the XLA autotuning table of uniclr_tf/training/autotune.py for the card of this GPU machine:
 # each shipped GPU configuration trains one epoch (kNN monitor, final evaluation and pictures included, so
 # every program a run compiles is tuned) with an empty compilation cache and without the shipped table;
-# `python -m uniclr_tf.autotune collect` then adds every cache's autotune results to
-# uniclr_tf/autotune_tables/jaxlib-<version>.json, copied to RESULTS_DIR. One configuration per GPU at a
+# `python -m uniclr_tf.training.autotune collect` then adds every cache's autotune results to
+# uniclr_tf/training/autotune_tables/jaxlib-<version>.json, copied to RESULTS_DIR. One configuration per GPU at a
 # time (XLA times kernels on the GPU it compiles for; nothing else runs on that GPU meanwhile).
 #   bash benchmarks/gpu/autotune_table.sh RESULTS_DIR        (after the gpu-prep.sh set-up line)
 # CONFIGS="name|flags;name|flags" in the environment replaces the list below.
@@ -34,6 +34,6 @@ done
 wait
 names=$(for c in "${CONFIGS[@]}"; do printf '%s,' "${c%%|*}"; done)
 caches=(); for d in "$work"/cache-*; do [ -d "$d/xla_gpu_per_fusion_autotune_cache_dir" ] && caches+=("$d"); done
-python3 -m uniclr_tf.autotune collect "${caches[@]}" --configs="${names%,}" | tee -a "$res/gpus.txt"
-python3 -m uniclr_tf.autotune list | tee -a "$res/gpus.txt"
-cp uniclr_tf/autotune_tables/jaxlib-*.json "$res/"
+python3 -m uniclr_tf.training.autotune collect "${caches[@]}" --configs="${names%,}" | tee -a "$res/gpus.txt"
+python3 -m uniclr_tf.training.autotune list | tee -a "$res/gpus.txt"
+cp uniclr_tf/training/autotune_tables/jaxlib-*.json "$res/"

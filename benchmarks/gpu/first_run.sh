@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 9's cold goals on a fresh 4-GPU machine, one job, every run with an empty compilation cache (a first
-# run on the machine), with and without the shipped XLA autotuning table (uniclr_tf/autotune.py):
+# run on the machine), with and without the shipped XLA autotuning table (uniclr_tf/training/autotune.py):
 #   GPU 0: the GPU-augmented PyTorch peer, 100 epochs, kNN every 25 (benchmarks/torch_gpu_peer.py);
 #   GPU 1: the train CLI with the peer's recipe (SGD; gpu/peer_vs_cli.sh's flags), 100 epochs, kNN every 25, table on;
 #   GPU 2: the same without the table (--noautotune_table), then the paper's LARS recipe, kNN every 10, without it;
@@ -13,12 +13,12 @@ res=${1:-$OUT/first-run}; mkdir -p "$res"; W=/tmp/first-run; rm -rf $W; mkdir -p
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$res/gpus.txt"
 card=$(python3 -c "import jax; print(jax.devices()[0].device_kind)")
 PEER_RECIPE="--optimizer=sgd --base_learning_rate=0.06 --weight_decay=5e-4"  # the PyTorch peer's (docs/results/speed.md)
-if ! python3 -m uniclr_tf.autotune list 2>/dev/null | grep -q "  $card:"; then
+if ! python3 -m uniclr_tf.training.autotune list 2>/dev/null | grep -q "  $card:"; then
   echo "the shipped table has no $card: making one for the two recipes first" | tee -a "$res/gpus.txt"
   CONFIGS="paper-simaffinity|--flagfile=configs/paper/fashion_mnist_simaffinity.flags;paper-simaffinity-sgd|--flagfile=configs/paper/fashion_mnist_simaffinity.flags $PEER_RECIPE" \
     bash benchmarks/gpu/autotune_table.sh "$res/table" > "$res/table.log" 2>&1
 fi
-python3 -m uniclr_tf.autotune list | tee -a "$res/gpus.txt"
+python3 -m uniclr_tf.training.autotune list | tee -a "$res/gpus.txt"
 SGD="--flagfile=configs/paper/fashion_mnist_simaffinity.flags $PEER_RECIPE --warmup_epochs=10 --augment_on=device --epochs=100 --knn_every=25 --verbose=2 --nopictures --overwrite"
 LARS="--flagfile=configs/paper/fashion_mnist_simaffinity.flags --augment_on=device --epochs=100 --knn_every=10 --verbose=2 --nopictures --overwrite"
 train() {  # GPU NAME [flags...]: one CLI run with an empty cache; its process seconds, history and metrics

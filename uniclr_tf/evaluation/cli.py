@@ -1,15 +1,15 @@
 """What the evaluation command lines share (``linear_eval``, ``finetune``): the fields every
-evaluation config has (declared with their help, as :mod:`uniclr_tf.config`'s), their checks with
+evaluation config has (declared with their help, as :mod:`uniclr_tf.config.train_config`'s), their checks with
 errors naming the flag, and the body of ``main``.
 """
 
 import sys
 
-from uniclr_tf.config import flag
+from uniclr_tf.config.train_config import flag
 from uniclr_tf.data.spec import spec_forms
-from uniclr_tf.errors import UsageError
+from uniclr_tf.config.errors import UsageError
 from uniclr_tf.evaluation.run import check_run_dir
-from uniclr_tf.runs import RunFolderError
+from uniclr_tf.training.runs import RunFolderError
 
 # The flags every evaluation command has, with the same meaning and help: each config declares them
 # as fields (``dataset: str = dataset_flag()``), the help next to the field as TrainConfig's.

@@ -105,7 +105,7 @@ def _compiled_preprocess(preprocess):
         return preprocess
     cache = preprocess.__dict__.setdefault("_uniclr_compiled", {})
     if "call" not in cache:
-        from uniclr_tf.tensors import compiled
+        from uniclr_tf.objectives.tensors import compiled
 
         def preprocess_batch(x):
             return preprocess(x)
@@ -167,7 +167,7 @@ def _stack(batches, n):
 
 @functools.lru_cache(maxsize=None)
 def _stack_program(n):
-    from uniclr_tf.tensors import compiled
+    from uniclr_tf.objectives.tensors import compiled
 
     def stack_features(batches):
         return _stack(batches, n)
@@ -200,7 +200,7 @@ def effective_rank_tensor(features):
 
 @functools.lru_cache(maxsize=None)
 def _effective_rank_program():
-    from uniclr_tf.tensors import compiled
+    from uniclr_tf.objectives.tensors import compiled
     return compiled(effective_rank_tensor)
 
 
@@ -219,7 +219,7 @@ def effective_rank(features):
 def _device_knn_program(n_train, n_test, num_classes, k, temperature, chunk_size, with_rank):
     """The kNN monitor's maths after the features, as one compiled program (JAX): the feature
     batches joined, the kNN scores (:func:`uniclr_tf.evaluation.knn.knn_scores`) and the effective rank."""
-    from uniclr_tf.tensors import compiled
+    from uniclr_tf.objectives.tensors import compiled
 
     def knn_eval_device(train_batches, train_labels, test_batches):
         train, test = _stack(train_batches, n_train), _stack(test_batches, n_test)

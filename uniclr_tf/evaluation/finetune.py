@@ -15,7 +15,7 @@ cropping with a horizontal flip as augmentation; SimCLR fine-tunes for 60 epochs
 ImageNet labels and 30 on 10 % (default here: 30). Choices of this project where the paper says
 nothing or does not fit:
 
-* the learning rate decays to 0 by a cosine over the run (``uniclr_tf.schedules.WarmupCosine``
+* the learning rate decays to 0 by a cosine over the run (``uniclr_tf.training.schedules.WarmupCosine``
   without warm-up, the schedule of pretraining and linear evaluation);
 * the crop is a random resized crop of area 0.5–1 (aspect 3/4–4/3, resized back to the encoder's
   input size), lighter than SimCLR's Inception crop (area 0.08–1) because the images here are
@@ -50,8 +50,8 @@ import dataclasses
 import os
 import time
 
-from uniclr_tf import runs
-from uniclr_tf.config import flag
+from uniclr_tf.training import runs
+from uniclr_tf.config.train_config import flag
 from uniclr_tf.evaluation import protocols
 from uniclr_tf.evaluation.cli import (check_common_fields, data_dir_flag, dataset_flag, label_fraction_flag,
                                      max_examples_flag, run_main)
@@ -164,8 +164,8 @@ def _classifier(encoder, image_shape, num_classes, seed):
 
 def _optimizer(learning_rate, batch_size, total_steps, momentum, weight_decay, nesterov):
     """SGD with a cosine schedule from ``batch_size / 256 · learning_rate`` to 0, no warm-up."""
-    from uniclr_tf.optimizers import build_optimizer
-    from uniclr_tf.schedules import WarmupCosine
+    from uniclr_tf.training.optimizers import build_optimizer
+    from uniclr_tf.training.schedules import WarmupCosine
 
     schedule = WarmupCosine(learning_rate, batch_size, total_steps=total_steps, warmup_steps=0)
     return build_optimizer("sgd", schedule, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
@@ -189,7 +189,7 @@ def _test_accuracy(model, preprocess, info, batch_size):
 @dataclasses.dataclass(frozen=True)
 class FinetuneConfig:
     """Every setting of one ``finetune`` invocation. Each field is a flag of the same name, declared
-    with its help (:func:`uniclr_tf.config.flag`); the order is ``--help``'s (:data:`HELP_GROUPS`)."""
+    with its help (:func:`uniclr_tf.config.train_config.flag`); the order is ``--help``'s (:data:`HELP_GROUPS`)."""
 
     run_dir: str = flag("", "Run folder written by uniclr_tf.train (encoder.keras, dataset.json, config.json); "
                             "encoder.keras is only read.")
@@ -250,19 +250,19 @@ def run(cfg: FinetuneConfig) -> dict:
     return result
 
 
-#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.flagutil.group_fields`).
+#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.config.flagutil.group_fields`).
 HELP_GROUPS = [("protocol (what is evaluated)", "run_dir"), ("fine-tuning recipe", "epochs"), ("output", "out")]
 
 
 def define_flags(flag_values=None):
     """One flag per ``FinetuneConfig`` field, same name, same default, the help next to the field."""
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
 
     flagutil.define_flags(FinetuneConfig, flag_values=flag_values)
 
 
 def config_from_flags(flag_values=None) -> FinetuneConfig:
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
 
     return flagutil.config_from_flags(FinetuneConfig, flag_values)
 
@@ -273,7 +273,7 @@ def main(argv):
 
 def entry_point():
     """The ``uniclr-finetune`` console script (pyproject.toml): what ``python -m uniclr_tf.finetune`` does."""
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
 
     define_flags()
     flagutil.run_cli(__name__, __doc__, main, groups=flagutil.group_fields(FinetuneConfig, HELP_GROUPS))

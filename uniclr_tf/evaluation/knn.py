@@ -31,7 +31,7 @@ def _top_k_keras(train):
     the matmul and the top-k are one compiled program (:func:`_similarity_top_k`)."""
     from keras import ops
 
-    from uniclr_tf.tensors import to_device
+    from uniclr_tf.objectives.tensors import to_device
     bank = to_device(train)
 
     def top_k(test_chunk, k, chunk_size):
@@ -48,7 +48,7 @@ def _similarity_top_k(k):
     """``(chunk [C, F], bank [N, F]) -> top-k of chunk · bankᵀ`` (values, indices), compiled."""
     from keras import ops
 
-    from uniclr_tf.tensors import compiled
+    from uniclr_tf.objectives.tensors import compiled
 
     def similarity_top_k(chunk, bank):
         return ops.top_k(ops.matmul(chunk, ops.transpose(bank)), k)
@@ -129,7 +129,7 @@ def knn_predict_tensors(train_features, train_labels, test_features, num_classes
 
 @functools.lru_cache(maxsize=None)
 def _knn_program(num_classes, k, temperature, chunk_size):
-    from uniclr_tf.tensors import compiled
+    from uniclr_tf.objectives.tensors import compiled
 
     def knn_votes(train, labels, test):
         return knn_scores(train, labels, test, num_classes, k, temperature, chunk_size)

@@ -58,9 +58,9 @@ labels=100%]``, ``knn[fashion_mnist, labels=100%]``, ``linear[tfds:cifar10, labe
 The run folder is one written by ``uniclr_tf.train``: ``encoder.keras`` (normalised float images
 ``[B, H, W, C]`` -> features ``[B, F]``), ``dataset.json`` (shape, classes, the normalisation
 statistics used in pretraining) and ``config.json`` (how to reload the same data), read through
-:class:`uniclr_tf.runs.RunFolder` (whose ``RunFolderError`` names a missing or corrupt file).
+:class:`uniclr_tf.training.runs.RunFolder` (whose ``RunFolderError`` names a missing or corrupt file).
 Features come from :func:`uniclr_tf.evaluation.extract_features` and the optimizer from
-:func:`uniclr_tf.optimizers.build_optimizer`; the results JSON is written atomically.
+:func:`uniclr_tf.training.optimizers.build_optimizer`; the results JSON is written atomically.
 
 Library use needs no flags::
 
@@ -78,8 +78,8 @@ from typing import Optional
 
 import numpy as np
 
-from uniclr_tf.config import AUGMENT_ON, flag
-from uniclr_tf.errors import UsageError
+from uniclr_tf.config.train_config import AUGMENT_ON, flag
+from uniclr_tf.config.errors import UsageError
 from uniclr_tf.evaluation import protocols
 from uniclr_tf.evaluation.cli import (check_common_fields, data_dir_flag, dataset_flag, label_fraction_flag,
                                      max_examples_flag, run_main)
@@ -114,8 +114,8 @@ def _head_scores(head, features, chunk=8192):
 
 def _make_optimizer(optimizer, learning_rate, batch_size, total_steps, momentum, weight_decay):
     """SGD (or LARS) with a cosine schedule from ``batch_size / 256 · learning_rate`` to 0."""
-    from uniclr_tf.optimizers import build_optimizer
-    from uniclr_tf.schedules import WarmupCosine
+    from uniclr_tf.training.optimizers import build_optimizer
+    from uniclr_tf.training.schedules import WarmupCosine
 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}; received {optimizer!r}")
@@ -384,7 +384,7 @@ def knn_result(encoder, info, k: int = 200, temperature: float = 0.1, mean=None,
 @dataclasses.dataclass(frozen=True)
 class LinearEvalConfig:
     """Every setting of one ``linear_eval`` invocation. Each field is a flag of the same name, declared
-    with its help (:func:`uniclr_tf.config.flag`); the order is ``--help``'s (:data:`HELP_GROUPS`)."""
+    with its help (:func:`uniclr_tf.config.train_config.flag`); the order is ``--help``'s (:data:`HELP_GROUPS`)."""
 
     run_dir: str = flag("", "Run folder written by uniclr_tf.train (encoder.keras, dataset.json, config.json).")
     dataset: str = dataset_flag()  # empty: the pretraining dataset
@@ -457,20 +457,20 @@ def run(cfg: LinearEvalConfig) -> dict:
     return result
 
 
-#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.flagutil.group_fields`).
+#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.config.flagutil.group_fields`).
 HELP_GROUPS = [("protocol (what is evaluated)", "run_dir"), ("linear classifier", "epochs"), ("kNN", "knn"),
                ("output", "out")]
 
 
 def define_flags(flag_values=None):
     """One flag per ``LinearEvalConfig`` field, same name, same default, the help next to the field."""
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
 
     flagutil.define_flags(LinearEvalConfig, flag_values=flag_values)
 
 
 def config_from_flags(flag_values=None) -> LinearEvalConfig:
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
 
     return flagutil.config_from_flags(LinearEvalConfig, flag_values)
 
@@ -489,7 +489,7 @@ def main(argv):
 
 def entry_point():
     """The ``uniclr-eval`` console script (pyproject.toml): what ``python -m uniclr_tf.linear_eval`` does."""
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
     define_flags()
     flagutil.run_cli(__name__, __doc__, main, groups=flagutil.group_fields(LinearEvalConfig, HELP_GROUPS))
 

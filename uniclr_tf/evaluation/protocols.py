@@ -49,7 +49,7 @@ import types
 
 import numpy as np
 
-from uniclr_tf import runs
+from uniclr_tf.training import runs
 
 #: The ``--label_fraction`` of the fully supervised protocol (the whole training split).
 ALL_LABELS = 1.0

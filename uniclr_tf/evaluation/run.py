@@ -8,8 +8,8 @@ by linear evaluation, kNN and fine-tuning (:mod:`uniclr_tf.evaluation.linear`,
 import dataclasses
 from typing import Optional
 
-from uniclr_tf import runs
-from uniclr_tf.runs import RunFolderError
+from uniclr_tf.training import runs
+from uniclr_tf.training.runs import RunFolderError
 
 #: The files an evaluation reads from a run folder.
 RUN_FILES = (runs.ENCODER_FILE, runs.DATASET_FILE, runs.CONFIG_FILE)
@@ -17,7 +17,7 @@ RUN_FILES = (runs.ENCODER_FILE, runs.DATASET_FILE, runs.CONFIG_FILE)
 
 class RunError(RunFolderError):
     """A run that cannot be evaluated (e.g. unlabelled data); the message is one line naming the
-    culprit. Problems with the run folder's files raise its base, :class:`uniclr_tf.runs.RunFolderError`."""
+    culprit. Problems with the run folder's files raise its base, :class:`uniclr_tf.training.runs.RunFolderError`."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -29,7 +29,7 @@ class Run:
     """What :func:`load_run` found in a run folder.
 
     Attributes:
-      folder: the :class:`uniclr_tf.runs.RunFolder`.
+      folder: the :class:`uniclr_tf.training.runs.RunFolder`.
       encoder: the backbone (``keras.Model``), loaded without compiling.
       projector: the projection head (``keras.Model``) when asked for, else None.
     """
@@ -70,7 +70,7 @@ class Run:
 
 
 def check_run_dir(run_dir: str, require=RUN_FILES, refuse_collapsed: str = "") -> runs.RunFolder:
-    """The :class:`~uniclr_tf.runs.RunFolder` of ``run_dir``; raises :class:`RunFolderError` (one
+    """The :class:`~uniclr_tf.training.runs.RunFolder` of ``run_dir``; raises :class:`RunFolderError` (one
     line) unless it holds ``require`` (default: the files an evaluation reads). With
     ``refuse_collapsed`` (the rest of the message: what the run's encoder would do, how to go on
     anyway), also when its ``metrics.json`` says the run collapsed. Cheap: no Keras import."""
@@ -108,7 +108,7 @@ def load_run_data(run, max_examples: Optional[int] = None, dataset: str = "", da
     spec, hold-out, data_dir, image_size), or another one (transfer).
 
     Args:
-      run: a :class:`Run` (:func:`load_run`) or its :class:`uniclr_tf.runs.RunFolder`
+      run: a :class:`Run` (:func:`load_run`) or its :class:`uniclr_tf.training.runs.RunFolder`
         (:func:`check_run_dir`: the data can be loaded and checked before the encoder).
       max_examples: cap EACH split at this many examples; None: for the run's own dataset its
         pretraining ``max_examples`` (0 there: all), for another dataset all.

@@ -9,7 +9,7 @@ batch, its two-replica parity and its export, with no new test code.
 
 import importlib
 
-from uniclr_tf.errors import UsageError
+from uniclr_tf.config.errors import UsageError
 from uniclr_tf.methods.base import COMMON_OPTIONS, Method, Option
 
 # name -> "module:Class" (imported on first use).

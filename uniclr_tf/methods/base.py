@@ -1,6 +1,6 @@
 """What a self-supervised method is, in one small class.
 
-A method declares, and the model (:class:`uniclr_tf.model.UniCLR`) wires:
+A method declares, and the model (:class:`uniclr_tf.nets.model.UniCLR`) wires:
 
 * ``pair_loss(online, target, state)``: its loss between the online embedding of one view and the
   target embedding of another (a function of :mod:`uniclr_tf.objectives`), with its terms;
@@ -39,8 +39,9 @@ from typing import Any, Callable
 
 from keras import ops
 
-from uniclr_tf import heads, objectives
-from uniclr_tf.errors import UsageError
+from uniclr_tf import objectives
+from uniclr_tf.nets import heads
+from uniclr_tf.config.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +215,7 @@ class Method:
     # --- heads -------------------------------------------------------------------------------
     def build_projector(self, input_dim, dims, synchronized_bn=False):
         """The projector head, features ``[B, input_dim]`` -> embeddings: the MLP of
-        :func:`uniclr_tf.heads.projector` with ``dims`` (BN after the last layer or not, as
+        :func:`uniclr_tf.nets.heads.projector` with ``dims`` (BN after the last layer or not, as
         ``projector_last_bn`` says); a method with another head overrides this."""
         return heads.projector(input_dim, dims, synchronized_bn=synchronized_bn, last_bn=self.projector_last_bn)
 

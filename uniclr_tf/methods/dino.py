@@ -17,7 +17,8 @@ Not implemented: freezing the head's last layer during the first epoch and gradi
 
 from keras import ops
 
-from uniclr_tf import heads, objectives
+from uniclr_tf import objectives
+from uniclr_tf.nets import heads
 from uniclr_tf.methods.base import Method, Option
 
 

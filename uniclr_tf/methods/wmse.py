@@ -8,7 +8,7 @@ least ``2·D`` (W-MSE's 128 rows for D = 64), or the whole batch.
 """
 
 from uniclr_tf import objectives
-from uniclr_tf.errors import UsageError
+from uniclr_tf.config.errors import UsageError
 from uniclr_tf.methods.base import Method, Option
 
 

@@ -11,8 +11,8 @@ Rows are samples: embeddings are ``[N, D]``. Every loss returns a scalar mean ov
 * :mod:`~uniclr_tf.objectives.redundancy`: Barlow Twins, VICReg, W-MSE, Zero-CL.
 * :mod:`~uniclr_tf.objectives.clustering`: SwAV's Sinkhorn-Knopp and swapped prediction, DINO.
 
-The whitening maths is in :mod:`uniclr_tf.whitening` (``whiten`` and ``group_whiten`` are
-re-exported here), the generic tensor helpers in :mod:`uniclr_tf.tensors`.
+The whitening maths is in :mod:`uniclr_tf.objectives.whitening` (``whiten`` and ``group_whiten`` are
+re-exported here), the generic tensor helpers in :mod:`uniclr_tf.objectives.tensors`.
 """
 
 from uniclr_tf.objectives.asymmetric import byol_loss

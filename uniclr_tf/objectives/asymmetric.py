@@ -12,7 +12,7 @@ float64 inputs; bfloat16 / float16 upcast to float32 first); ``return_terms=True
 from keras import ops
 
 from uniclr_tf.objectives.uniclr import l2_normalize
-from uniclr_tf.tensors import check_embedding_pair
+from uniclr_tf.objectives.tensors import check_embedding_pair
 
 __all__ = [
     "byol_loss",

@@ -17,12 +17,12 @@ these, so Sinkhorn-Knopp's sums and DINO's centre are global, as in the authors'
 
 from keras import ops
 
-from uniclr_tf.tensors import as_dtype
-from uniclr_tf.tensors import check_embedding
-from uniclr_tf.tensors import check_embedding_pair
-from uniclr_tf.tensors import check_positive
-from uniclr_tf.tensors import compute_dtype
-from uniclr_tf.tensors import static_shape
+from uniclr_tf.objectives.tensors import as_dtype
+from uniclr_tf.objectives.tensors import check_embedding
+from uniclr_tf.objectives.tensors import check_embedding_pair
+from uniclr_tf.objectives.tensors import check_positive
+from uniclr_tf.objectives.tensors import compute_dtype
+from uniclr_tf.objectives.tensors import static_shape
 
 __all__ = [
     "dino_loss",

@@ -24,13 +24,13 @@ from keras import ops
 
 from uniclr_tf.objectives.uniclr import _cross_entropy_diagonal
 from uniclr_tf.objectives.uniclr import l2_normalize
-from uniclr_tf.tensors import as_dtype
-from uniclr_tf.tensors import check_embedding
-from uniclr_tf.tensors import check_embedding_pair
-from uniclr_tf.tensors import check_non_negative
-from uniclr_tf.tensors import check_positive
-from uniclr_tf.tensors import check_same_feature_size
-from uniclr_tf.tensors import compute_dtype
+from uniclr_tf.objectives.tensors import as_dtype
+from uniclr_tf.objectives.tensors import check_embedding
+from uniclr_tf.objectives.tensors import check_embedding_pair
+from uniclr_tf.objectives.tensors import check_non_negative
+from uniclr_tf.objectives.tensors import check_positive
+from uniclr_tf.objectives.tensors import check_same_feature_size
+from uniclr_tf.objectives.tensors import compute_dtype
 
 __all__ = [
     "co2_consistency",

@@ -20,13 +20,13 @@ import keras
 from keras import ops
 
 from uniclr_tf.objectives.uniclr import l2_normalize
-from uniclr_tf.tensors import as_dtype
-from uniclr_tf.tensors import check_embedding_pair
-from uniclr_tf.tensors import check_non_negative
-from uniclr_tf.tensors import check_positive
-from uniclr_tf.tensors import static_shape
-from uniclr_tf.whitening import gram
-from uniclr_tf.whitening import subbatch_whiten
+from uniclr_tf.objectives.tensors import as_dtype
+from uniclr_tf.objectives.tensors import check_embedding_pair
+from uniclr_tf.objectives.tensors import check_non_negative
+from uniclr_tf.objectives.tensors import check_positive
+from uniclr_tf.objectives.tensors import static_shape
+from uniclr_tf.objectives.whitening import gram
+from uniclr_tf.objectives.whitening import subbatch_whiten
 
 __all__ = [
     "barlow_twins_loss",
@@ -152,7 +152,7 @@ def wmse_loss(z1, z2, eps=1e-4, whitening_size=128, return_terms=False):
         loss = (1/N) Σ_i ‖n(w1_i) − n(w2_i)‖² = (1/N) Σ_i (2 − 2·cos(w1_i, w2_i))
 
     (the unbiased covariance and the shrinkage ``(1 − ε)Σ + εI`` are W-MSE's code; see
-    :func:`uniclr_tf.whitening.subbatch_whiten`: Cholesky factor and triangular solve, never an
+    :func:`uniclr_tf.objectives.whitening.subbatch_whiten`: Cholesky factor and triangular solve, never an
     explicit inverse, float32 or wider at the highest matmul precision). Gradients flow through the
     whitening statistics, as in W-MSE. Needs ``whitening_size > D`` (W-MSE pairs small
     embeddings with sub-batches larger than them): with no more rows than features a sub-batch is

@@ -27,21 +27,21 @@ option that defaults to the paper: ``mode="one_sided"`` (SimWhitening), ``stop_g
 (whitening-based losses), ``symmetric_directions`` (cross-entropy losses).
 
 Cheap whitening (not in the paper): ``groups=G`` on the whitening-based losses whitens ``G``
-feature groups separately (block-diagonal ``Σ``; see :func:`uniclr_tf.whitening.group_whiten`),
+feature groups separately (block-diagonal ``Σ``; see :func:`uniclr_tf.objectives.whitening.group_whiten`),
 which replaces the ``D × D`` Cholesky by ``G`` batched ``D/G × D/G`` ones; ``groups=1`` is the paper.
 """
 
 from keras import ops
 
-from uniclr_tf.tensors import as_dtype
-from uniclr_tf.tensors import check_embedding
-from uniclr_tf.tensors import check_embedding_pair
-from uniclr_tf.tensors import check_non_negative
-from uniclr_tf.tensors import check_positive
-from uniclr_tf.tensors import compute_dtype
-from uniclr_tf.tensors import static_shape
-from uniclr_tf.whitening import group_whiten
-from uniclr_tf.whitening import whiten
+from uniclr_tf.objectives.tensors import as_dtype
+from uniclr_tf.objectives.tensors import check_embedding
+from uniclr_tf.objectives.tensors import check_embedding_pair
+from uniclr_tf.objectives.tensors import check_non_negative
+from uniclr_tf.objectives.tensors import check_positive
+from uniclr_tf.objectives.tensors import compute_dtype
+from uniclr_tf.objectives.tensors import static_shape
+from uniclr_tf.objectives.whitening import group_whiten
+from uniclr_tf.objectives.whitening import whiten
 
 __all__ = [
     "affinity_matrix",
@@ -201,7 +201,7 @@ def sim_whitening_loss(z1, z2, temperature=1.0, gamma=0.01, eps=1e-4, mode="chol
         one_sided_ridge: the ridge of ``mode="one_sided"`` (ignored in ``"cholesky"`` mode).
         return_terms: also return ``{"cross_entropy", "symmetry"}`` (see :func:`sim_affinity_loss`).
         groups: whiten ``groups`` contiguous feature groups separately (block-diagonal ``Σ``, see
-            :func:`uniclr_tf.whitening.group_whiten`): much cheaper at large ``D``, an
+            :func:`uniclr_tf.objectives.whitening.group_whiten`): much cheaper at large ``D``, an
             approximation of the paper's full whitening; 1 (default) is the paper.
 
     Returns:
@@ -233,7 +233,7 @@ def sim_trace_loss(z1, z2, eps=1e-4, stop_gradient_cov=False, return_terms=False
     ``−(1/N) tr(Σ⁻¹ (z2 − μ)ᵀ(z1 − μ))``. The trace is symmetric in the two views, so no
     two-direction option is needed. Bounded below by about ``−D``, reached at ``z1 == z2``
     (``−Σ_k λ_k / (λ_k + ε)``). Needs ``2N > D``: with ``2N ≤ D`` and a small ε, distinct views give
-    ≈ +1 whatever the data (flat loss, no learning signal; see :mod:`uniclr_tf.whitening`).
+    ≈ +1 whatever the data (flat loss, no learning signal; see :mod:`uniclr_tf.objectives.whitening`).
 
     Args:
         z1, z2: ``[N, D]`` embeddings of the two views, same shape.
@@ -242,7 +242,7 @@ def sim_trace_loss(z1, z2, eps=1e-4, stop_gradient_cov=False, return_terms=False
             the covariance; the paper's point, App. B, is that it need not).
         return_terms: also return ``{"trace": loss}`` (one term; for a uniform interface).
         groups: whiten ``groups`` contiguous feature groups separately (block-diagonal ``Σ``, see
-            :func:`uniclr_tf.whitening.group_whiten`); the loss is then the sum of the groups'
+            :func:`uniclr_tf.objectives.whitening.group_whiten`); the loss is then the sum of the groups'
             SimTrace losses. 1 (default) is the paper.
 
     Returns:

@@ -27,8 +27,8 @@ import sys
 
 from absl import logging
 
-from uniclr_tf.errors import UsageError
-from uniclr_tf.fields import check_field, flag, unset
+from uniclr_tf.config.errors import UsageError
+from uniclr_tf.config.fields import check_field, flag, unset
 
 _SHARD_BYTES = 128 * 2 ** 20
 
@@ -134,7 +134,7 @@ def convert(folder, out, shards=0, holdout_fraction=0.1, skip_bad_files=False, o
 @dataclasses.dataclass(frozen=True)
 class FolderToTFRecordConfig:
     """Every setting of one ``python -m uniclr_tf.tools.folder_to_tfrecord`` invocation. Each field is a
-    flag of the same name, declared with its help (:func:`uniclr_tf.fields.flag`); the order is
+    flag of the same name, declared with its help (:func:`uniclr_tf.config.fields.flag`); the order is
     ``--help``'s (:data:`HELP_GROUPS`)."""
 
     folder: str = unset(str, "The image folder (as for --dataset=folder:PATH).")
@@ -154,19 +154,19 @@ class FolderToTFRecordConfig:
         check_field(self, self.shards >= 0, "shards", "an integer >= 0")
 
 
-#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.flagutil.group_fields`).
+#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.config.flagutil.group_fields`).
 HELP_GROUPS = [("input (read as --dataset=folder: reads it)", "folder"), ("output", "out")]
 
 
 def define_flags(flag_values=None):
     """One flag per ``FolderToTFRecordConfig`` field, same name, same default, the help next to the
     field (defined when the tool runs, not when the module is imported)."""
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
     flagutil.define_flags(FolderToTFRecordConfig, flag_values=flag_values)
 
 
 def config_from_flags(flag_values=None) -> FolderToTFRecordConfig:
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
     return flagutil.config_from_flags(FolderToTFRecordConfig, flag_values)
 
 
@@ -184,7 +184,7 @@ def run(cfg: FolderToTFRecordConfig):
 
 
 def main(argv):
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
     cfg = flagutil.config_or_exit(FolderToTFRecordConfig)
     logging.set_verbosity(logging.WARNING)  # the notes are printed
     run(cfg)
@@ -192,7 +192,7 @@ def main(argv):
 
 def entry_point():
     """What ``python -m uniclr_tf.tools.folder_to_tfrecord`` does."""
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
     define_flags()
     flagutil.run_cli(__name__, __doc__, main, groups=flagutil.group_fields(FolderToTFRecordConfig, HELP_GROUPS))
 

@@ -4,7 +4,7 @@ Only entry points call these (``train``, ``linear_eval``, ``finetune``, ``export
 ``tools.release``, ``tools.folder_to_tfrecord``): library code never reads flags. The dataclass
 validates itself, so a bad value stops with a message naming the flag. A field's help text is its
 metadata's ``"help"`` and an enum flag's values its ``"choices"``, both declared next to the field
-with ``config.flag`` (:mod:`uniclr_tf.fields`). A field whose default is None (``config.unset``) or
+with ``config.flag`` (:mod:`uniclr_tf.config.fields`). A field whose default is None (``config.unset``) or
 an empty tuple declares its flag's type in its metadata (``"kind"``, ``"many"``); a None default
 means "not given". A field whose type is itself a dataclass (a sub-config, e.g.
 ``TrainConfig.data``) is no flag: its fields are, under their own names
@@ -16,7 +16,7 @@ import sys
 
 from absl import app, flags
 
-from uniclr_tf.errors import UsageError
+from uniclr_tf.config.errors import UsageError
 
 _DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string}
 
@@ -190,7 +190,7 @@ def run_cli(module_name, doc, main, groups=None, words=False):
     (the flags must be defined already). ``--help`` prints ``doc`` and the flags by group (``groups``:
     ``[(title, [flag names])]``; default: the module's own flags) with their defaults, and exits 0;
     ``--helpfull`` is absl's listing. Words left after the flags are refused (a usage error), unless
-    ``words`` (a CLI that takes a command and paths, as ``uniclr_tf.autotune``): ``main`` gets them."""
+    ``words`` (a CLI that takes a command and paths, as ``uniclr_tf.training.autotune``): ``main`` gets them."""
     if any(a in _HELP_ARGS for a in sys.argv[1:]):
         if groups is None:
             names = [f.name for f in flags.FLAGS.get_key_flags_for_module(module_name)]

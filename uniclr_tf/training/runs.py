@@ -221,7 +221,7 @@ class RunFolder:
         # Registers the custom layers a run's models may hold (GroupBatchNormalization, saved by
         # --batch_norm=per_device runs): without it their files do not load in a process that has not
         # imported the module (export, linear_eval, release).
-        import uniclr_tf.encoders  # noqa: F401
+        import uniclr_tf.nets.encoders  # noqa: F401
 
         try:
             return keras.saving.load_model(self.file(name), compile=False)

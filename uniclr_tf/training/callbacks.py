@@ -13,7 +13,7 @@ import time
 import keras
 import numpy as np
 
-from uniclr_tf import runs
+from uniclr_tf.training import runs
 from uniclr_tf.evaluation import knn_eval
 
 
@@ -181,7 +181,7 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
 
     def _collect_learning_rate(self, logs):
         """Keras's ``epoch_learning_rate``, read on the host: a schedule with ``host_value``
-        (:class:`uniclr_tf.schedules.WarmupCosine`) is evaluated in NumPy at the optimizer's step
+        (:class:`uniclr_tf.training.schedules.WarmupCosine`) is evaluated in NumPy at the optimizer's step
         counter; Keras evaluates it in ``keras.ops``, a dozen XLA compiles on JAX at the first epoch's
         end. Other optimizers and schedules: Keras's way."""
         optimizer = self.model.optimizer
@@ -304,7 +304,7 @@ class CollapseDetector(keras.callbacks.Callback):
         """Links the latest backup (this epoch's, once written) into ``RUN/healthy/backup/``."""
         if self.writer is None or not self.run_dir or not self.writer.enabled:
             return
-        from uniclr_tf import backup
+        from uniclr_tf.training import backup
         self.writer.wait()
         state = self.writer.last
         if state is None:
@@ -338,7 +338,7 @@ class HistoryRecorder(keras.callbacks.Callback):
     fsync (3–5 ms an epoch on the development machine's disk, more where fsync is slow, as on network
     file systems), which the next epoch's steps need not wait for. An error (a full disk) is raised
     at the next epoch end. The epoch's backup waits for them
-    (:meth:`pending_write`, given to :class:`uniclr_tf.backup.BackupCallback`), so a resumed run's
+    (:meth:`pending_write`, given to :class:`uniclr_tf.training.backup.BackupCallback`), so a resumed run's
     history holds every backed-up epoch. The curves are drawn by another background thread (about a
     second of matplotlib), skipped while the previous drawing is still going on.
 

@@ -8,7 +8,7 @@ version); JAX's persistent compilation cache turns that folder on, as
 ``<cache>/xla_gpu_per_fusion_autotune_cache_dir``. A second run on a machine finds its results
 there; a first run on a fresh machine times everything again.
 
-This module ships those results: ``uniclr_tf/autotune_tables/jaxlib-<version>.json`` holds the
+This module ships those results: ``uniclr_tf/training/autotune_tables/jaxlib-<version>.json`` holds the
 autotuning results of the shipped GPU configurations on the cards they were measured on (the table
 says which). Before the first compile, :func:`seed` copies the entries of the card in use into the
 cache folder, never replacing a file there. A card, kernel or jaxlib version the table lacks is
@@ -19,8 +19,8 @@ versions"), so a table is used only by the jaxlib version that wrote it.
 Make or extend a table on a GPU machine from the caches of runs made there
 (``benchmarks/gpu/autotune_table.sh`` runs the shipped configurations and does this)::
 
-    python -m uniclr_tf.autotune collect CACHE_DIR [CACHE_DIR ...] [--table=PATH] [--configs=NAMES]
-    python -m uniclr_tf.autotune list [--table=PATH]
+    python -m uniclr_tf.training.autotune collect CACHE_DIR [CACHE_DIR ...] [--table=PATH] [--configs=NAMES]
+    python -m uniclr_tf.training.autotune list [--table=PATH]
 """
 
 import base64
@@ -31,7 +31,7 @@ import os
 import socket
 import sys
 
-from uniclr_tf.fields import flag
+from uniclr_tf.config.fields import flag
 
 TABLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autotune_tables")
 SUBDIR = "xla_gpu_per_fusion_autotune_cache_dir"  # where JAX points XLA's per-fusion autotune cache
@@ -64,7 +64,7 @@ def load(path):
 
 def save(table, path):
     """Writes ``table`` to ``path`` atomically (sorted keys: a rerun with the same results changes nothing)."""
-    from uniclr_tf.runs import atomic_write_text
+    from uniclr_tf.training.runs import atomic_write_text
     out = dict(table, entries={k: base64.b64encode(v).decode() for k, v in table["entries"].items()})
     atomic_write_text(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
 
@@ -72,7 +72,7 @@ def save(table, path):
 def _write_new(path, data):
     """Writes ``data`` to ``path`` unless it exists, through a temporary name (other processes may read).
 
-    Not :func:`uniclr_tf.runs.atomic_save`: hundreds of small files are written on a machine's first run,
+    Not :func:`uniclr_tf.training.runs.atomic_save`: hundreds of small files are written on a machine's first run,
     and a file lost in a crash is only tuned again, so no fsync; and processes of several hosts may seed
     one shared folder, so the temporary name carries the host."""
     if os.path.exists(path):
@@ -136,7 +136,7 @@ def collect(cache_dirs, table_file, card, configs=()):
     """
     table = load(table_file) if os.path.exists(table_file) else {
         "format": FORMAT, "jaxlib": os.path.basename(table_file)[len("jaxlib-"):-len(".json")],
-        "about": "XLA per-fusion GPU autotuning results of uniclr-tf's GPU configurations; see uniclr_tf/autotune.py",
+        "about": "XLA per-fusion GPU autotuning results of uniclr-tf's GPU configurations; see uniclr_tf/training/autotune.py",
         "cards": {}, "entries": {}}
     new = 0
     for cache in cache_dirs:
@@ -164,9 +164,9 @@ def collect(cache_dirs, table_file, card, configs=()):
 
 @dataclasses.dataclass(frozen=True)
 class AutotuneConfig:
-    """The flags of one ``python -m uniclr_tf.autotune`` invocation (its command and cache folders are
+    """The flags of one ``python -m uniclr_tf.training.autotune`` invocation (its command and cache folders are
     the words after them). Each field is a flag of the same name, declared with its help
-    (:func:`uniclr_tf.fields.flag`); the order is ``--help``'s (:data:`HELP_GROUPS`)."""
+    (:func:`uniclr_tf.config.fields.flag`); the order is ``--help``'s (:data:`HELP_GROUPS`)."""
 
     table: str = flag("", "collect: the table to extend; list: the table to show (default: the installed "
                           "jaxlib's).")
@@ -179,23 +179,23 @@ class AutotuneConfig:
         return self.table or table_path()
 
 
-#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.flagutil.group_fields`).
+#: ``--help``'s groups: ``(title, first field)`` (:func:`uniclr_tf.config.flagutil.group_fields`).
 HELP_GROUPS = [("collect and list", "table"), ("collect", "card")]
 
 
 def define_flags(flag_values=None):
     """One flag per ``AutotuneConfig`` field, same name, same default, the help next to the field
     (defined when the command runs, not on import)."""
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
     flagutil.define_flags(AutotuneConfig, flag_values=flag_values)
 
 
 def config_from_flags(flag_values=None) -> AutotuneConfig:
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
     return flagutil.config_from_flags(AutotuneConfig, flag_values)
 
 
-USAGE = ("usage: python -m uniclr_tf.autotune collect CACHE_DIR [CACHE_DIR ...] [--table=PATH] [--card=KIND] "
+USAGE = ("usage: python -m uniclr_tf.training.autotune collect CACHE_DIR [CACHE_DIR ...] [--table=PATH] [--card=KIND] "
          "[--configs=NAMES] | list [--table=PATH]")
 
 
@@ -207,7 +207,7 @@ def _usage_error(message):
 
 def main(argv):
     """absl's ``main``: the config from the flags, the words after them to :func:`run`."""
-    from uniclr_tf import flagutil
+    from uniclr_tf.config import flagutil
     command, words = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
     return run(flagutil.config_or_exit(AutotuneConfig), command, words)
 
@@ -246,8 +246,8 @@ def _collect(caches, table_file, card, configs):
 
 
 def entry_point():
-    """What ``python -m uniclr_tf.autotune`` does."""
-    from uniclr_tf import flagutil
+    """What ``python -m uniclr_tf.training.autotune`` does."""
+    from uniclr_tf.config import flagutil
     define_flags()
     flagutil.run_cli(__name__, __doc__, main, groups=flagutil.group_fields(AutotuneConfig, HELP_GROUPS), words=True)
 

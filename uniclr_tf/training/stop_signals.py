@@ -1,5 +1,5 @@
-"""How SIGTERM and SIGINT are read, by a training process (:class:`uniclr_tf.backup.Interrupts`) and by
-the launcher (:class:`uniclr_tf.launch.Job`), which must not import Keras.
+"""How SIGTERM and SIGINT are read, by a training process (:class:`uniclr_tf.training.backup.Interrupts`) and by
+the launcher (:class:`uniclr_tf.training.launch.Job`), which must not import Keras.
 
 The first signal asks to stop at a step boundary with a backup. A SIGINT more than :data:`REPEAT_S`
 after it is a second Ctrl-C: stop at once. Anything else, a SIGINT sooner or a SIGTERM at any time, is

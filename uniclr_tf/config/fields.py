@@ -3,18 +3,18 @@
 
 Standard library only: light modules declare their command's config with them without importing
 more than they did (``uniclr_tf.export`` serves ``export/client.py`` with NumPy alone).
-:mod:`uniclr_tf.config` re-exports ``flag`` and ``unset``; :mod:`uniclr_tf.flagutil` defines the
+:mod:`uniclr_tf.config.train_config` re-exports ``flag`` and ``unset``; :mod:`uniclr_tf.config.flagutil` defines the
 flags from the fields and builds the config from the parsed flags.
 """
 
 import dataclasses
 
-from uniclr_tf.errors import UsageError
+from uniclr_tf.config.errors import UsageError
 
 
 def flag(default, help, *, kind=None, many=False, choices=None):  # noqa: A002 - the flag's help
     """A config field that is a flag of the same name: its ``default``, its ``--help`` text, and
-    (:mod:`uniclr_tf.flagutil`) ``kind``, the flag's type where the default does not tell it (None,
+    (:mod:`uniclr_tf.config.flagutil`) ``kind``, the flag's type where the default does not tell it (None,
     an empty tuple; of each element when ``many``: a comma-separated list), ``choices``: an enum flag."""
     metadata = {"help": help}
     if kind is not None:

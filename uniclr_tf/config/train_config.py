@@ -27,8 +27,8 @@ import json
 from typing import ClassVar
 
 from uniclr_tf.data.spec import spec_forms
-from uniclr_tf.errors import UsageError
-from uniclr_tf.fields import flag, unset  # noqa: F401 - re-exported: config.flag, config.unset
+from uniclr_tf.config.errors import UsageError
+from uniclr_tf.config.fields import flag, unset  # noqa: F401 - re-exported: config.flag, config.unset
 
 # encoders.ENCODERS (no import here)
 ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small", "hub_resnet18", "hub_resnet50")
@@ -320,7 +320,7 @@ class InvocationConfig(_Section):
                                       "this folder, so a resumed or repeated run skips the XLA compile (tens of "
                                       "seconds on a GPU); empty: off.")
     autotune_table: bool = flag(True, "JAX on a GPU: before the first compile, put the XLA autotuning results shipped "
-                                      "for this card and jaxlib (uniclr_tf/autotune_tables) in the compilation cache, "
+                                      "for this card and jaxlib (uniclr_tf/training/autotune_tables) in the compilation cache, "
                                       "so a first run does not time every convolution again (about 17 s of a "
                                       "ResNet-18 step's 25 s compile on an H100/H200).")
     tensorboard_every_steps: int = flag(10, "Write per-step TensorBoard scalars (step_<name>: the epoch's running "

@@ -31,7 +31,7 @@ import numpy as np
 
 from uniclr_tf.data.sources.fashion_mnist import FASHION_MNIST_CLASSES  # noqa: F401 (in __all__)
 from uniclr_tf.evaluation.features import _to_numpy
-from uniclr_tf.runs import atomic_save
+from uniclr_tf.training.runs import atomic_save
 
 __all__ = [
     "FASHION_MNIST_CLASSES",
@@ -165,7 +165,7 @@ def _augment(augmenter, images):
     import keras
     if keras.backend.backend() != "jax" or not isinstance(augmenter, keras.layers.Layer):
         return augmenter(images, training=True)
-    from uniclr_tf.tensors import compiled
+    from uniclr_tf.objectives.tensors import compiled
     variables = list(augmenter.variables)
 
     def augment_views(values, x):
@@ -559,7 +559,7 @@ def _write_projector(logdir, features, labels, images, class_names):
     """The test features for TensorBoard's projector: ``features.tsv``, ``metadata.tsv`` (class
     names), ``sprite.png`` (thumbnails) and ``projector_config.pbtxt``. Returns True when the
     config was written (the projector needs it)."""
-    from uniclr_tf.runs import atomic_write_text
+    from uniclr_tf.training.runs import atomic_write_text
 
     os.makedirs(logdir, exist_ok=True)
     lines = ["\t".join(f"{v:.6g}" for v in row) for row in np.asarray(features, np.float32)]

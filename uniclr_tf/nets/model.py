@@ -19,9 +19,9 @@ import numpy as np
 from keras import layers, ops
 
 from uniclr_tf import methods, objectives
-from uniclr_tf.errors import UsageError
-from uniclr_tf.schedules import momentum_schedule
-from uniclr_tf.steps import train_step_mixin
+from uniclr_tf.config.errors import UsageError
+from uniclr_tf.training.schedules import momentum_schedule
+from uniclr_tf.training.steps import train_step_mixin
 
 
 def _freeze_variables(model):

@@ -43,7 +43,8 @@ import time
 import keras
 import numpy as np
 
-from uniclr_tf import runs, stop_signals
+from uniclr_tf.training import runs
+from uniclr_tf.training import stop_signals
 
 BACKUP_DIR = "backup"
 STATE_FILE = "state.json"
@@ -473,7 +474,7 @@ class Interrupts:
     :class:`Interrupted` at once (outside training: loading, building, the final evaluation). A
     context manager; handlers are installed in the main thread only, and the previous ones restored.
     What counts as a second Ctrl-C, and what as the first signal delivered again:
-    :mod:`uniclr_tf.stop_signals`."""
+    :mod:`uniclr_tf.training.stop_signals`."""
 
     def __init__(self, immediate=False):
         self.immediate = immediate
@@ -598,7 +599,7 @@ class CollectiveStopAgreement:
         """An agreement among the workers of a multi-worker ``tf.distribute`` strategy, else None."""
         if keras.backend.backend() != "tensorflow" or strategy is None:
             return None
-        from uniclr_tf import distribute
+        from uniclr_tf.training import distribute
         index, count = distribute.worker_info(strategy)
         return cls(strategy, process_id=index) if count > 1 else None
 
@@ -611,7 +612,7 @@ class CollectiveStopAgreement:
     def _agreed_signal(self):
         import tensorflow as tf
 
-        from uniclr_tf import distribute
+        from uniclr_tf.training import distribute
         onehot = np.zeros(int(max(signal.Signals)) + 1, np.float32)
         if self._wanted:
             onehot[self._wanted] = 1.0
@@ -675,7 +676,7 @@ class BackupCallback(keras.callbacks.Callback):
 
     ``before_write``: optional, called in the training thread at each backup; the callable it returns
     (if any) runs in the writer's thread before the backup is written. The run gives
-    :meth:`uniclr_tf.callbacks.HistoryRecorder.pending_write`, so the history of every backed-up epoch
+    :meth:`uniclr_tf.training.callbacks.HistoryRecorder.pending_write`, so the history of every backed-up epoch
     is on disk before the backup is.
     """
 

@@ -30,7 +30,7 @@ import threading
 
 import keras
 
-from uniclr_tf.errors import UsageError
+from uniclr_tf.config.errors import UsageError
 
 #: Logical CPU devices for --strategy=mirrored on a machine without GPUs (tests of the distributed paths).
 TF_CPU_DEVICES_ENV = "UNICLR_TF_CPU_DEVICES"

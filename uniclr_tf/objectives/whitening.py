@@ -26,7 +26,7 @@ statistics (block-diagonal ``Σ``), one batched Cholesky of ``G`` ``D/G × D/G``
 :func:`subbatch_whiten` is W-MSE's whitening (Ermolov et al., ICML 2021), used by the W-MSE
 baseline loss: ONE view at a time, each contiguous sub-batch of rows with its own statistics.
 
-The generic tensor helpers (dtype handling, shape checks) live in :mod:`uniclr_tf.tensors`.
+The generic tensor helpers (dtype handling, shape checks) live in :mod:`uniclr_tf.objectives.tensors`.
 
 Pure ``keras.ops``; TensorFlow and JAX are imported lazily, only inside the backend-specific
 precision branch of :func:`gram`.
@@ -38,11 +38,11 @@ import numbers
 import keras
 from keras import ops
 
-from uniclr_tf.tensors import as_dtype
-from uniclr_tf.tensors import check_embedding
-from uniclr_tf.tensors import check_embedding_pair
-from uniclr_tf.tensors import compute_dtype
-from uniclr_tf.tensors import static_shape
+from uniclr_tf.objectives.tensors import as_dtype
+from uniclr_tf.objectives.tensors import check_embedding
+from uniclr_tf.objectives.tensors import check_embedding_pair
+from uniclr_tf.objectives.tensors import compute_dtype
+from uniclr_tf.objectives.tensors import static_shape
 
 __all__ = [
     "batched_gram",

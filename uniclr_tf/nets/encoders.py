@@ -14,7 +14,7 @@ import contextvars
 import keras
 from keras import layers, ops
 
-from uniclr_tf.errors import UsageError
+from uniclr_tf.config.errors import UsageError
 
 ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small", "hub_resnet18", "hub_resnet50")
 STEMS = ("auto", "cifar", "imagenet")

@@ -11,7 +11,7 @@ linear layer to K outputs (:class:`WeightNormDense`).
 import keras
 from keras import layers, ops
 
-from uniclr_tf.encoders import batch_norm
+from uniclr_tf.nets.encoders import batch_norm
 
 
 def mlp_head(input_dim, dims, last_bn=True, synchronized_bn=False, name="head"):

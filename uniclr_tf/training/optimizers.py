@@ -70,7 +70,7 @@ class LARS(keras.optimizers.Optimizer):
 
     Args:
         learning_rate: float, or a ``LearningRateSchedule`` (e.g.
-            ``uniclr_tf.schedules.WarmupCosine``), or a callable.
+            ``uniclr_tf.training.schedules.WarmupCosine``), or a callable.
         momentum: float in [0, 1]. 0 disables the momentum buffer (no slot variables).
         weight_decay: float >= 0, the L2 coefficient added to the gradient (``g + wd·w``) of every
             parameter not excluded. Not the Keras base optimizer's decoupled decay: that one stays

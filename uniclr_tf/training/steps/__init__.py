@@ -13,9 +13,9 @@ def train_step_mixin():
     """Returns the mixin class for the active Keras backend."""
     backend = keras.backend.backend()
     if backend == "tensorflow":
-        from uniclr_tf.steps.tf_step import TensorFlowTrainStep
+        from uniclr_tf.training.steps.tf_step import TensorFlowTrainStep
         return TensorFlowTrainStep
     if backend == "jax":
-        from uniclr_tf.steps.jax_step import JaxTrainStep
+        from uniclr_tf.training.steps.jax_step import JaxTrainStep
         return JaxTrainStep
     raise RuntimeError(f"uniclr_tf supports the 'tensorflow' and 'jax' Keras backends; active backend is {backend!r}")
