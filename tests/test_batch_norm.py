@@ -72,8 +72,7 @@ def test_one_pass_statistics_match_the_reference(groups):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(layer.moving_variance), 0.9 + 0.1 * var, rtol=1e-4)
     constant = np.full((4, 3), 7.0, "float32")  # E[x^2] - E[x]^2 rounds to <= 0: clipped, finite output
     assert np.all(np.isfinite(keras.ops.convert_to_numpy(layer.__class__(one_pass=True)(constant, training=True))))
-    with encoders.batch_norm_groups(1, one_pass=True):
-        built = encoders.batch_norm(name="bn")
+    built = encoders.BatchNorm(one_pass=True)(name="bn")
     assert type(built) is GroupBatchNormalization and built.one_pass and built.groups == 1
     assert GroupBatchNormalization.from_config(built.get_config()).one_pass
 
@@ -140,9 +139,8 @@ def test_one_pass_gradient_matches_finite_differences_of_the_reference(groups):
 
 
 def test_group_batch_norm_config_context_and_errors():
-    with encoders.batch_norm_groups(4):
-        grouped = encoders.batch_norm(name="bn")
-    plain = encoders.batch_norm(name="bn")
+    grouped = encoders.BatchNorm(groups=4)(name="bn")
+    plain = encoders.BatchNorm()(name="bn")
     assert type(grouped) is GroupBatchNormalization and grouped.groups == 4
     assert type(plain) is keras.layers.BatchNormalization
     clone = GroupBatchNormalization.from_config(grouped.get_config())

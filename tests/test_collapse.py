@@ -120,7 +120,7 @@ def _train(*flags, run_dir):
 def test_a_collapse_stops_the_run_keeps_its_healthy_backup_and_is_refused_downstream(tmp_path):
     from uniclr_tf.serving import export
     from uniclr_tf.training.runs import RunFolderError
-    from uniclr_tf.tools import release
+    from uniclr_tf.serving import release
 
     first = _train(*COLLAPSING, "--run_name=bad", run_dir=tmp_path)
     assert first.returncode == 3, first.stdout + first.stderr

@@ -35,9 +35,10 @@ def build(name, ema):
     if ema is not None:
         options["ema_momentum"] = ema
     method = cls(**options)
-    enc = encoders.build_encoder("tiny", (16, 16, 1), width=4, synchronized_bn=True)
-    proj = method.build_projector(16, (32, 8), synchronized_bn=True)
-    pred = heads.predictor(8, 16, synchronized_bn=True) if method.uses_predictor else None
+    norm = encoders.BatchNorm(synchronized=True)
+    enc = encoders.build_encoder("tiny", (16, 16, 1), width=4, norm=norm)
+    proj = method.build_projector(16, (32, 8), norm=norm)
+    pred = heads.predictor(8, 16, norm=norm) if method.uses_predictor else None
     return UniCLR(enc, proj, pred, method=method, ema_total_steps=10)
 
 rng = np.random.default_rng(0)

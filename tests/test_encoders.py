@@ -166,18 +166,16 @@ def test_hub_resnet18_builds_saves_reloads_and_clones(tmp_path):
 
 @pytest.mark.parametrize("name", ["hub_resnet50", "resnet50"])
 def test_other_libraries_backbones_follow_the_batch_norm_option(name):
-    """Keras Hub's and keras.applications' ResNet-50: inside ``batch_norm_groups`` (``--batch_norm=per_device``
-    or ``global_one_pass`` on JAX) every batch norm becomes a GroupBatchNormalization with that setting, as in
-    our own backbones; outside, they stay Keras' own. 2048-d features either way."""
+    """Keras Hub's and keras.applications' ResNet-50: built with a grouped or one-pass ``BatchNorm`` factory
+    (``--batch_norm=per_device`` or ``global_one_pass`` on JAX) every batch norm becomes a
+    GroupBatchNormalization with that setting, as in our own backbones; with the plain one, Keras' own. 2048-d features either way."""
     if name.startswith("hub_"):
         pytest.importorskip("keras_hub")
     plain = encoders.build_encoder(name, (64, 64, 3))
     assert plain.output_shape == (None, 2048)
     assert not any(isinstance(b, encoders.GroupBatchNormalization) for b in _batch_norms(plain))
-    with encoders.batch_norm_groups(2):
-        grouped = encoders.build_encoder(name, (64, 64, 3))
-    with encoders.batch_norm_groups(1, one_pass=True):
-        one_pass = encoders.build_encoder(name, (64, 64, 3))
+    grouped = encoders.build_encoder(name, (64, 64, 3), norm=encoders.BatchNorm(groups=2))
+    one_pass = encoders.build_encoder(name, (64, 64, 3), norm=encoders.BatchNorm(one_pass=True))
     assert len(_batch_norms(grouped)) == len(_batch_norms(one_pass)) == len(_batch_norms(plain)) == 53
     assert all(isinstance(b, encoders.GroupBatchNormalization) and b.groups == 2 and not b.one_pass
                for b in _batch_norms(grouped))

@@ -27,7 +27,7 @@ import pytest
 from tests.conftest import NO_TENSORFLOW, PythonJob, file_tree, run_cli_forks
 from uniclr_tf.evaluation import protocols
 from uniclr_tf.training.runs import RunFolder, RunFolderError
-from uniclr_tf.tools import release
+from uniclr_tf.serving import release
 
 if keras.backend.backend() != "tensorflow":  # the run's reference features and the SavedModel: TF
     pytest.skip("release tests run on the TensorFlow backend", allow_module_level=True)
@@ -63,7 +63,7 @@ for name in ("out", "out_grouped"):
 os.chdir(root)
 out["backend"] = keras.backend.backend()
 out["uniclr_tf_imported"] = sorted(m for m in sys.modules if m.split(".")[0] == "uniclr_tf")
-from uniclr_tf.tools import release
+from uniclr_tf.serving import release
 notes = []
 result = release.release_run(os.path.join(root, "run"), os.path.join(root, "out_notf"), log=notes.append)
 out.update(notes=notes, saved_model=result["saved_model"], files=sorted(result["files"]),
@@ -86,7 +86,7 @@ def _write_metrics(run, **changes):
 def _grouped_encoder(run):
     """encoder.keras of ``run`` rewritten with GroupBatchNormalization (groups=2) and synchronized BN
     layers, one of two each, same weights: what --batch_norm=per_device / MirroredStrategy runs save."""
-    from uniclr_tf.nets.encoders import GroupBatchNormalization
+    from uniclr_tf.nets.norm import GroupBatchNormalization
     encoder = keras.saving.load_model(run / "encoder.keras", compile=False)
     seen = []
 

@@ -213,11 +213,11 @@ class Method:
         return []
 
     # --- heads -------------------------------------------------------------------------------
-    def build_projector(self, input_dim, dims, synchronized_bn=False):
+    def build_projector(self, input_dim, dims, norm=None):
         """The projector head, features ``[B, input_dim]`` -> embeddings: the MLP of
         :func:`uniclr_tf.nets.heads.projector` with ``dims`` (BN after the last layer or not, as
         ``projector_last_bn`` says); a method with another head overrides this."""
-        return heads.projector(input_dim, dims, synchronized_bn=synchronized_bn, last_bn=self.projector_last_bn)
+        return heads.projector(input_dim, dims, norm=norm, last_bn=self.projector_last_bn)
 
     # --- per-step state ----------------------------------------------------------------------
     def build_state(self, model, embedding_dim):

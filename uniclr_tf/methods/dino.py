@@ -52,9 +52,9 @@ class DINO(Method):
                                   "a number in [0, 1)"),
     }
 
-    def build_projector(self, input_dim, dims, synchronized_bn=False):
+    def build_projector(self, input_dim, dims, norm=None):
         return heads.dino_head(input_dim, dims, num_prototypes=int(self.options["num_prototypes"]),
-                               synchronized_bn=synchronized_bn)
+                               norm=norm)
 
     def build_state(self, model, embedding_dim):
         center = model.add_weight(shape=(int(embedding_dim),), initializer="zeros", trainable=False,

@@ -11,15 +11,17 @@ linear layer to K outputs (:class:`WeightNormDense`).
 import keras
 from keras import layers, ops
 
-from uniclr_tf.nets.encoders import batch_norm
+from uniclr_tf.nets.norm import as_norm
 
 
-def mlp_head(input_dim, dims, last_bn=True, synchronized_bn=False, name="head"):
+def mlp_head(input_dim, dims, last_bn=True, norm=None, name="head"):
     """A functional MLP ``[B, input_dim] -> [B, dims[-1]]``.
 
     Hidden layers are Dense (no bias) + BN + ReLU; the last is Dense followed by BN when
     ``last_bn`` (with no affine shift/scale, as SimCLR/MoCo v3 do) or Dense with bias otherwise.
+    ``norm``: the batch-norm factory (:class:`~uniclr_tf.nets.norm.BatchNorm`, default plain Keras BN).
     """
+    norm = as_norm(norm)
     dims = tuple(int(d) for d in dims)
     if not dims or min(dims) <= 0:
         raise ValueError(f"{name}: dims must be a non-empty list of positive sizes; received {dims}")
@@ -27,27 +29,27 @@ def mlp_head(input_dim, dims, last_bn=True, synchronized_bn=False, name="head"):
     x = inputs
     for i, d in enumerate(dims[:-1]):
         x = layers.Dense(d, use_bias=False, name=f"{name}_dense{i + 1}")(x)
-        x = batch_norm(synchronized_bn, name=f"{name}_bn{i + 1}")(x)
+        x = norm(name=f"{name}_bn{i + 1}")(x)
         x = layers.ReLU(name=f"{name}_relu{i + 1}")(x)
     last = len(dims)
     x = layers.Dense(dims[-1], use_bias=not last_bn, name=f"{name}_dense{last}")(x)
     if last_bn:
-        x = batch_norm(synchronized_bn, name=f"{name}_bn{last}", center=False, scale=False)(x)
+        x = norm(name=f"{name}_bn{last}", center=False, scale=False)(x)
     return keras.Model(inputs, x, name=name)
 
 
-def projector(input_dim, dims=(2048, 2048, 256), synchronized_bn=False, last_bn=True):
+def projector(input_dim, dims=(2048, 2048, 256), norm=None, last_bn=True):
     """The projector: BN+ReLU after hidden layers; after the last, BN without affine (the UniCLR
     paper, SimSiam, MoCo v3) or, with ``last_bn=False``, a plain biased linear layer (SimCLR,
     MoCo v2, BYOL, Barlow Twins, VICReg, W-MSE). Each method declares which
     (``Method.projector_last_bn``)."""
-    return mlp_head(input_dim, dims, last_bn=last_bn, synchronized_bn=synchronized_bn, name="projector")
+    return mlp_head(input_dim, dims, last_bn=last_bn, norm=norm, name="projector")
 
 
-def predictor(input_dim, hidden_dim=512, synchronized_bn=False):
+def predictor(input_dim, hidden_dim=512, norm=None):
     """Asymmetric predictor on the online branch: Linear-BN-ReLU-Linear back to ``input_dim``."""
     return mlp_head(input_dim, (hidden_dim, input_dim), last_bn=False,
-                    synchronized_bn=synchronized_bn, name="predictor")
+                    norm=norm, name="predictor")
 
 
 @keras.saving.register_keras_serializable(package="uniclr_tf")
@@ -80,7 +82,7 @@ class WeightNormDense(layers.Layer):
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer)}
 
 
-def dino_head(input_dim, dims=(2048, 2048, 256), num_prototypes=4096, use_bn=True, synchronized_bn=False,
+def dino_head(input_dim, dims=(2048, 2048, 256), num_prototypes=4096, use_bn=True, norm=None,
               name="projector"):
     """DINO's projection head (Caron et al. 2021, §3.1 and ``DINOHead``): ``Linear(-BN)-GELU`` for each
     hidden size of ``dims``, a linear layer to the bottleneck ``dims[-1]`` (256 in DINO), ℓ2
@@ -91,12 +93,13 @@ def dino_head(input_dim, dims=(2048, 2048, 256), num_prototypes=4096, use_bn=Tru
     if not dims or min(dims) <= 0 or int(num_prototypes) <= 0:
         raise ValueError(f"{name}: dims and num_prototypes must be positive; received {dims}, {num_prototypes}")
     init = keras.initializers.TruncatedNormal(stddev=0.02)
+    norm = as_norm(norm)
     inputs = keras.Input(shape=(int(input_dim),), name=f"{name}_in")
     x = inputs
     for i, d in enumerate(dims[:-1]):
         x = layers.Dense(d, kernel_initializer=init, name=f"{name}_dense{i + 1}")(x)
         if use_bn:
-            x = batch_norm(synchronized_bn, name=f"{name}_bn{i + 1}")(x)
+            x = norm(name=f"{name}_bn{i + 1}")(x)
         x = layers.Activation("gelu", name=f"{name}_gelu{i + 1}")(x)
     x = layers.Dense(dims[-1], kernel_initializer=init, name=f"{name}_dense{len(dims)}")(x)
     x = layers.UnitNormalization(axis=-1, name=f"{name}_l2norm")(x)

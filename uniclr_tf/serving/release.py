@@ -149,7 +149,7 @@ def portable_backbone(encoder):
     statistics at ``training=False``). ``encoder`` itself when there is none (``replaced`` = 0)."""
     import keras
 
-    from uniclr_tf.nets.encoders import GroupBatchNormalization
+    from uniclr_tf.nets.norm import GroupBatchNormalization
 
     replaced = sum(_needs_plain_bn(layer) for layer in _layers(encoder))
     if not replaced:

@@ -83,24 +83,19 @@ def build_model(cfg, info, augmenter=None, devices=1, method=None):
     (JAX's global arrays need nothing); ``per_device`` keeps TF's per-replica BN and, on JAX, builds
     ``GroupBatchNormalization`` with one group per device; ``global_one_pass`` is global BN whose
     statistics take one pass (on JAX: ``GroupBatchNormalization(one_pass=True)``)."""
-    import keras
-
     from uniclr_tf.nets import encoders
     from uniclr_tf.nets import heads
     from uniclr_tf.nets.model import UniCLR
+    from uniclr_tf.nets.norm import BatchNorm
     method = method if method is not None else cfg.build_method()
     size = cfg.data.image_size or info.image_shape[0]
-    synchronized_bn = devices > 1 and cfg.system.batch_norm in ("global", "global_one_pass")
-    on_jax = keras.backend.backend() == "jax"
-    groups = devices if cfg.system.batch_norm == "per_device" and on_jax else 1
-    with encoders.batch_norm_groups(groups, one_pass=cfg.system.batch_norm == "global_one_pass" and on_jax):
-        encoder = encoders.build_encoder(cfg.network.encoder, (size, size, info.image_shape[-1]),
-                                         width=cfg.network.encoder_width or None, synchronized_bn=synchronized_bn,
-                                         stem=cfg.network.encoder_stem)
-        feat = encoder.output_shape[-1]
-        proj = method.build_projector(feat, cfg.network.projector_dims, synchronized_bn=synchronized_bn)
-        pred = (heads.predictor(cfg.network.projector_dims[-1], cfg.network.predictor_hidden, synchronized_bn)
-                if method.uses_predictor else None)
+    norm = BatchNorm.for_run(cfg.system.batch_norm, devices)
+    encoder = encoders.build_encoder(cfg.network.encoder, (size, size, info.image_shape[-1]),
+                                     width=cfg.network.encoder_width or None, norm=norm, stem=cfg.network.encoder_stem)
+    feat = encoder.output_shape[-1]
+    proj = method.build_projector(feat, cfg.network.projector_dims, norm=norm)
+    pred = (heads.predictor(cfg.network.projector_dims[-1], cfg.network.predictor_hidden, norm=norm)
+            if method.uses_predictor else None)
     steps_per_epoch = max(cfg.optim.steps_per_epoch, 1)
     return UniCLR(encoder, proj, pred, method=method, augmenter=augmenter, num_global=2,
                   ema_total_steps=cfg.optim.epochs * steps_per_epoch, steps_per_epoch=steps_per_epoch,

@@ -1,0 +1,189 @@
+"""Normalisation layers and the one factory the network builders take for them.
+
+``--batch_norm`` decides how a network's batch norms take their training statistics; the builders of
+:mod:`~uniclr_tf.nets.encoders` and :mod:`~uniclr_tf.nets.heads` take a :class:`BatchNorm` factory
+(``norm=``) and call it for every layer, so the choice reaches every layer by one route:
+
+* ``BatchNorm()``: Keras' ``BatchNormalization`` (one device, or JAX's global arrays: whole batch);
+* ``BatchNorm(synchronized=True)``: synchronised across replicas under TF ``MirroredStrategy``
+  (ignored on JAX, whose global arrays need nothing);
+* ``BatchNorm(groups=G)``: :class:`GroupBatchNormalization`, per-device statistics over G slices;
+* ``BatchNorm(one_pass=True)``: :class:`GroupBatchNormalization` with one-pass statistics.
+
+:meth:`BatchNorm.for_run` maps ``--batch_norm`` and the number of devices to one of these.
+"""
+
+import keras
+from keras import layers, ops
+
+BATCH_NORMS = ("global", "per_device", "global_one_pass")  # as --batch_norm (config.train_config)
+
+
+class BatchNorm:
+    """A factory of batch-norm layers: ``norm(name=..., momentum=..., epsilon=..., **kwargs)`` returns a new
+    layer. Pass one to the encoder and head builders (``norm=``) to choose how every batch norm of the
+    network takes its statistics.
+
+    >>> from uniclr_tf.nets.encoders import build_encoder
+    >>> encoder = build_encoder("tiny", (28, 28, 1), norm=BatchNorm(one_pass=True))
+    """
+
+    def __init__(self, synchronized=False, groups=1, one_pass=False):
+        if int(groups) < 1:
+            raise ValueError(f"BatchNorm: groups must be >= 1; received {groups!r}")
+        self.synchronized = bool(synchronized) and keras.backend.backend() == "tensorflow"
+        self.groups = int(groups)
+        self.one_pass = bool(one_pass)
+
+    @classmethod
+    def for_run(cls, mode="global", devices=1):
+        """The factory for ``--batch_norm=mode`` over ``devices`` devices on this backend: ``global``
+        synchronises BN on TF when the batch is split (JAX's global arrays need nothing);
+        ``per_device`` keeps TF's per-replica BN and, on JAX, takes one group per device;
+        ``global_one_pass`` is global BN whose statistics take one pass (on JAX; on TF it is ``global``)."""
+        if mode not in BATCH_NORMS:
+            raise ValueError(f"batch_norm: expected one of {BATCH_NORMS}; received {mode!r}")
+        on_jax = keras.backend.backend() == "jax"
+        return cls(synchronized=devices > 1 and mode in ("global", "global_one_pass"),
+                   groups=devices if mode == "per_device" and on_jax else 1,
+                   one_pass=mode == "global_one_pass" and on_jax)
+
+    @property
+    def plain(self):
+        """Whether the layers are Keras' own unsynchronised ``BatchNormalization``."""
+        return self.groups == 1 and not self.one_pass and not self.synchronized
+
+    def __call__(self, name=None, momentum=0.9, epsilon=1e-5, **kwargs):
+        if self.groups > 1 or self.one_pass:
+            return GroupBatchNormalization(groups=self.groups, one_pass=self.one_pass, momentum=momentum,
+                                           epsilon=epsilon, name=name, **kwargs)
+        return layers.BatchNormalization(momentum=momentum, epsilon=epsilon, synchronized=self.synchronized,
+                                         name=name, **kwargs)
+
+    def __repr__(self):
+        return f"BatchNorm(synchronized={self.synchronized}, groups={self.groups}, one_pass={self.one_pass})"
+
+
+def as_norm(norm):
+    """``norm`` itself, or the plain :class:`BatchNorm` for None."""
+    return BatchNorm() if norm is None else norm
+
+
+@keras.saving.register_keras_serializable(package="uniclr_tf")
+class GroupBatchNormalization(layers.BatchNormalization):
+    """Batch norm whose training statistics are those of ``groups`` equal, contiguous slices of the
+    batch (each slice normalised by its own mean and variance: "ghost" batch norm).
+
+    Under JAX ``keras.distribution.DataParallel`` over G devices with ``groups=G``, each slice is
+    one device's shard of the batch, so no statistic crosses devices: per-device BN, as PyTorch DDP
+    without SyncBN, instead of the global BN that a global array gives (two all-reduces per BN layer
+    and step on the critical path, forward and backward). The moving statistics follow the mean of
+    the groups' statistics. Inference (``training=False``) is plain batch norm with them, so a saved
+    backbone evaluates the same on any number of devices. Channels must be the last axis; the batch
+    must split into ``groups`` equal slices.
+
+    ``one_pass=True`` takes the training statistics in one pass, E[x] and E[x²] as two independent
+    reductions of the input (variance = E[x²] − E[x]², clipped at 0, in float32 as PyTorch's
+    SyncBatchNorm does), instead of Keras's mean then the mean of squared deviations: with
+    ``groups=1`` under ``DataParallel`` XLA combines their all-reduces, so one all-reduce per BN layer
+    forward and one backward instead of two dependent ones each. Its backward is written out
+    (:func:`_normalise`): Σg and Σg·x̂ as two independent reductions, x̂ recomputed from the input.
+    """
+
+    #: ``get_config`` keys beyond ``BatchNormalization``'s: how training takes the statistics; inference
+    #: is plain batch norm (``tools.release`` drops them to make a portable copy).
+    TRAINING_OPTIONS = ("groups", "one_pass")
+
+    def __init__(self, groups=1, one_pass=False, **kwargs):
+        super().__init__(**kwargs)
+        if int(groups) < 1:
+            raise ValueError(f"groups must be >= 1; received {groups!r}")
+        self.groups = int(groups)
+        self.one_pass = bool(one_pass)
+
+    def call(self, inputs, training=None, mask=None):
+        plain = self.groups == 1 and not self.one_pass
+        if plain or not (training and self.trainable) or mask is not None or self.renorm:
+            return super().call(inputs, training=training, mask=mask)
+        if self.axis not in (-1, len(inputs.shape) - 1):
+            raise ValueError(f"{self.name}: GroupBatchNormalization needs channels last; axis={self.axis}")
+        batch = inputs.shape[0]
+        if batch is not None and batch % self.groups:
+            raise ValueError(f"{self.name}: a batch of {batch} does not split into {self.groups} groups")
+        if self.one_pass:
+            return self._one_pass(inputs)
+        x = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
+        grouped = ops.reshape(x, (self.groups, -1) + tuple(x.shape[1:]))
+        axes = tuple(range(1, len(grouped.shape) - 1))
+        mean, variance = ops.moments(grouped, axes=axes, keepdims=True)
+        self._update_moving_statistics(mean, variance)
+        out = (grouped - mean) * ops.rsqrt(variance + self.epsilon)
+        if self.scale:
+            out = out * ops.cast(self.gamma, x.dtype)
+        if self.center:
+            out = out + ops.cast(self.beta, x.dtype)
+        return ops.cast(ops.reshape(out, ops.shape(x)), self.compute_dtype)
+
+    def _update_moving_statistics(self, mean, variance):
+        """The moving mean and variance follow the mean over groups of the batch's ``[G, 1, ..., C]``
+        statistics, in the statistics' dtype."""
+        channels = mean.shape[-1]
+        for moving, batch in ((self.moving_mean, mean), (self.moving_variance, variance)):
+            moving.assign(ops.cast(moving, batch.dtype) * self.momentum
+                          + ops.mean(ops.reshape(batch, (self.groups, channels)), axis=0) * (1.0 - self.momentum))
+
+    def _one_pass(self, inputs):
+        """Training-mode ``one_pass`` batch norm: E[x] and E[x²] as two independent reductions, and a
+        hand-written backward whose two sums, Σg and Σg·x̂ (g the output's gradient, x̂ the normalised
+        input), are independent reductions too (autodiff of the statistics makes them dependent).
+
+        With the batch sharded over devices each pair becomes one combined all-reduce; on one device each
+        pair is one pass over the activation. The backward recomputes x̂ from the input in its own dtype
+        (bfloat16 under mixed precision) rather than keeping a float32 copy."""
+        grouped = ops.reshape(inputs, (self.groups, -1) + tuple(inputs.shape[1:]))
+        axes = tuple(range(1, len(grouped.shape) - 1))
+        channels = grouped.shape[-1]
+        ftype = keras.backend.result_type(inputs.dtype, "float32")
+        x = ops.cast(grouped, ftype)
+        mean = ops.mean(x, axis=axes, keepdims=True)
+        variance = ops.maximum(ops.mean(ops.square(x), axis=axes, keepdims=True) - ops.square(mean), 0.0)
+        mean, variance = ops.stop_gradient(mean), ops.stop_gradient(variance)  # their gradient is in grad()
+        self._update_moving_statistics(mean, variance)
+        inv_std = ops.rsqrt(variance + self.epsilon)
+        gamma = ops.cast(self.gamma, ftype) if self.scale else ops.ones((channels,), ftype)
+        beta = ops.cast(self.beta, ftype) if self.center else ops.zeros((channels,), ftype)
+        out = _normalise(grouped, gamma, beta, mean, inv_std, axes, self.compute_dtype)
+        return ops.reshape(out, ops.shape(inputs))
+
+    def get_config(self):
+        return {**super().get_config(), **{key: getattr(self, key) for key in self.TRAINING_OPTIONS}}
+
+
+def _normalise(x, gamma, beta, mean, inv_std, axes, dtype):
+    """``(x - mean) · inv_std · gamma + beta`` in the statistics' dtype (float32 for bfloat16 x), cast to
+    ``dtype``, with the batch-norm gradient written out: for g the output's gradient and x̂ the
+    normalised x (n elements per channel over ``axes``), dx = gamma · inv_std · (g − Σg / n − x̂ · Σ(g·x̂)
+    / n), dgamma = Σ(g·x̂), dbeta = Σg. That is the gradient through the batch's mean and variance too,
+    so ``mean`` and ``inv_std`` (computed from x) get none of their own."""
+
+    @ops.custom_gradient
+    def normalise(x, gamma, beta, mean, inv_std):
+        y = ops.cast((ops.cast(x, mean.dtype) - mean) * inv_std * gamma + beta, dtype)
+
+        def grad(*args, upstream=None):
+            g = ops.cast(args[0] if upstream is None else upstream, mean.dtype)
+            x_hat = (ops.cast(x, mean.dtype) - mean) * inv_std
+            mean_g = ops.mean(g, axis=axes, keepdims=True)
+            mean_gx = ops.mean(g * x_hat, axis=axes, keepdims=True)
+            dx = (gamma * inv_std) * (g - mean_g - x_hat * mean_gx)
+            count = ops.cast(ops.size(g) // ops.size(mean_g), mean.dtype)  # elements per channel and group
+            channels = ops.shape(gamma)[0]
+            dgamma = ops.sum(ops.reshape(mean_gx, (-1, channels)), axis=0) * count
+            dbeta = ops.sum(ops.reshape(mean_g, (-1, channels)), axis=0) * count
+            return ops.cast(dx, x.dtype), dgamma, dbeta, ops.zeros_like(mean), ops.zeros_like(inv_std)
+
+        return y, grad
+
+    return normalise(x, gamma, beta, mean, inv_std)
+
+
