@@ -48,9 +48,10 @@ TEST_WORKERS ?= 2
 test: $(STAMP) $(FMNIST)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
-# CPU figures of docs/results/speed.md (about 20 minutes); the GPU suite is benchmarks/gpu/run.sh.
+# The CPU figures of docs/results/speed.md (about 20 minutes) into runs/bench, and their report
+# (runs/bench/speed.md); the GPU phases: bash benchmarks/speed.sh with no argument lists them.
 bench: $(STAMP) $(FMNIST)
-	PYTHON=$(PY) bash benchmarks/cpu_run.sh
+	OUT_DIR=runs/bench PYTHON=$(PY) bash benchmarks/speed.sh cpu
 
 clean:
 	rm -rf runs .pytest_cache

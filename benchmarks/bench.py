@@ -1,4 +1,4 @@
-r"""Throughput benchmark of UniCLR pre-training (issue 5).
+r"""Throughput benchmark of UniCLR pre-training.
 
     python -m benchmarks.bench [--quick] [--image_shape=32,32,3] [--out=benchmarks/x.json]
     KERAS_BACKEND=jax python -m benchmarks.bench ...          # the GPU path

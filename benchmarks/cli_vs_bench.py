@@ -10,7 +10,7 @@
    kNN monitor). From its ``history.json``:
 
    * training images/s = (epochs − 1) · steps · batch / (wall-clock from the end of epoch 1 to the
-     end of training − the kNN monitor's seconds in that span): the issue's "training wall-clock";
+     end of training − the kNN monitor's seconds in that span): the "training wall-clock";
    * the share of the CLI's wall-clock (fit start to end) outside training steps, from the CLI's own
      clocks: ``step_seconds`` of each epoch (epoch start to the end of its last step), the first
      epoch's compile (its step time minus the median epoch's) counted outside; the same share with
@@ -19,7 +19,7 @@
 
 Prints a table and writes the JSON. Any flags after ``--`` go to the train command.
 ``--summarise=RUN_DIR --model_rate=N --process_seconds=S`` prints the same table for a run already
-made (e.g. a rerun of the CLI with the compilation cache warm, in a later device call).
+made (e.g. a rerun of the CLI with the compilation cache warm, in a later job).
 """
 
 import argparse
@@ -65,6 +65,7 @@ def main():
     parser.add_argument("--image_shape", default="28,28,1", help="the dataset's image shape (for the bench)")
     parser.add_argument("--bench_extra", default="", help="extra flags for the bench (e.g. --quick sizes)")
     parser.add_argument("--out", default="")
+    parser.add_argument("--label", default="", help="what this run is, for the report's table")
     parser.add_argument("--warm_rerun", action="store_true",
                         help="run the CLI a second time, in a new folder, with the compilation cache warm")
     parser.add_argument("--work", default="", help="folder for run folders and logs (default: a temp folder)")
@@ -78,6 +79,7 @@ def main():
         if args.model_rate <= 0 or args.process_seconds <= 0:
             parser.error("--summarise needs --model_rate and --process_seconds")
         result = summarise_run(args.summarise, args.model_rate, args.process_seconds, "(an earlier run)")
+        result["label"] = args.label
         print_rows(result, args.model_rate)
         write_json(result, args.out)
         return
@@ -108,6 +110,8 @@ def main():
     cache = os.path.join(work, "xla-cache")  # empty at first: the first CLI run compiles cold
     result = measure_cli(py, args, work, "cli", train_extra, cache, model_rate)
     result["bench"] = {"environment": bench.get("environment"), "a_model_only": bench["a_model_only"]}
+    env = bench.get("environment") or {}
+    result.update(card=env.get("device"), date=env.get("date"), label=args.label)
     result["bench_command"] = " ".join(bench_cmd[1:])
     if args.warm_rerun:  # the same command in a new folder: the compiled steps come from the cache
         result["warm_cache_rerun"] = measure_cli(py, args, work, "cli-warm", train_extra, cache, model_rate)

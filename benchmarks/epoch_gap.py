@@ -28,6 +28,8 @@ import sys
 import time
 
 SAMPLES = collections.defaultdict(list)
+PROFILED = ("on_epoch|on_train_batch|snapshot|to_host|write|plot_curves|jax_state_sync|extract_features|"
+            "knn_|numpy_batches|pythonify_logs|_flush_futures|atomic_")  # --cprofile: the functions printed
 MARKS = collections.defaultdict(list)  # StepClock's epoch ends and begins (perf_counter)
 
 
@@ -113,6 +115,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="", help="write the table and the samples here (JSON)")
     parser.add_argument("--variant", default="default", choices=("default", "no_epoch_backup", "one_piece", "switch_interval_1ms"))
+    parser.add_argument("--cprofile", default="", metavar="FILE",
+                        help="also run train.run under cProfile: the stats to FILE (python -m pstats, snakeviz) and "
+                             "the functions of the epoch-end work and the data stream by cumulative time printed")
     args, train_args = parser.parse_known_args()
     train_args = [a for a in train_args if a != "--"]
     from absl import flags
@@ -124,11 +129,22 @@ def main():
     instrument(args.variant)
     start = time.perf_counter()
     from uniclr_tf.training import backup
+    profiler = None
+    if args.cprofile:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     try:
         train.run(cfg)
     except backup.TrainingStopped as e:  # --stop_after_steps: the epochs measured are enough
         print(e)
     finally:
+        if profiler is not None:
+            import pstats
+            profiler.disable()
+            profiler.dump_stats(args.cprofile)
+            print("\n== epoch-end work and data stream (cumulative seconds) ==")
+            pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(PROFILED, 30)
         table, samples = summary()
         print(f"\n== epoch boundaries, variant {args.variant} (medians without the first two epochs) ==")
         print(f"{'':58s} {'n':>4s} {'median ms':>10s} {'max ms':>9s}")

@@ -1,4 +1,4 @@
-r"""Device memory of the real training step against the batch size, and the largest batch that fits (issue 10).
+r"""Device memory of the real training step against the batch size, and the largest batch that fits.
 
     KERAS_BACKEND=jax python -m benchmarks.memory_probe --encoder=resnet50 --image_size=224 \
         --batches=32,64,128,256 --out=/tmp/memory-r50.json [--device_memory_gib=G] [--verify]

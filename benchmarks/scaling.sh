@@ -1,238 +1,179 @@
 #!/usr/bin/env bash
-# Issue 10: scaling of the real train CLI over the GPUs of one host (JAX backend, NCCL), ResNet-18 on
-# Fashion-MNIST (configs/paper/fashion_mnist_simaffinity.flags: projector 2048-2048-256, bf16, LARS; the recipe benchmarks/SCALING.md measured), augmentation on the
-# device, no kNN monitor (--knn_every=0; the final kNN uses a 5,000-image memory bank), no pictures.
+# The train CLI over the GPUs of one machine: step time, weak and strong scaling, and the multi-process
+# checks. Needs a machine with GPUS GPUs (2 or more; 4 for the pages' tables) and JAX with CUDA
+# (KERAS_BACKEND=jax; no TensorFlow needed), Fashion-MNIST in ~/.keras/datasets. The model: ResNet-18 on
+# 28 px Fashion-MNIST (configs/paper/fashion_mnist_simaffinity.flags: projector 2048-2048-256, bf16, LARS),
+# augmentation on the device, no kNN monitor, PER_GPU (512) images per GPU, EPOCHS (6) epochs of which
+# epochs FROM (3) on are timed (epoch 1 holds the compile).
 #
-#   bash benchmarks/scaling.sh          (after the gpu-prep set-up line; $OUT set; 4 GPUs)
+#   GPUS=4 VARIANTS="g1 base launch" REPEATS=3 bash benchmarks/scaling.sh
+#   GPUS=2 VARIANTS="g1 g1+onepass launch launch+onepass" bash benchmarks/scaling.sh
+#   GPUS=4 VARIANTS="resume parity" bash benchmarks/scaling.sh        # the checks, no timing
 #
-# Runs (ONLY: a space-separated subset of the names; default all, in this order):
-#   weak scaling, PER_GPU (512) images per GPU:
-#     g1  1 GPU, batch 512
-#     g2  1 process x 2 GPUs (CUDA_VISIBLE_DEVICES=0,1, --strategy=data_parallel), batch 1024
-#     g4  1 process x 4 GPUs, batch 2048
-#     p4  4 processes x 1 GPU, one JAX job started by python -m uniclr_tf.launch (--num_processes=4 ...), batch 2048
-#     m2  2 processes x 1 GPU, batch 1024 (not in the default set: the multi-process layout on a 2-GPU machine)
-#     l2, l4  the same as m2 and p4 (the names of earlier measurements; not in the default set)
-#     i2, i4  2 or 4 independent one-GPU runs at once, GPU k each, batch PER_GPU, no collective (not in the
-#             default set): what running side by side costs without communication (i4's row is GPU 0's run,
-#             i4-1 .. i4-3 the others'). BIND=1: each bound to an equal share of the CPUs (taskset)
-#   LAUNCH_FLAGS: the launcher's own flags for p4, m2, l2, l4 (e.g. --cpu_binding=gpu)
-#   strong scaling at the global batch STRONG (1024): s1 1 GPU; s2 = g2 (reused); s4 4 GPUs
-#   loss parity: p1 (1 GPU, GPUs P1_GPUS=0) and p2 (2 GPUs, data_parallel, P2_GPUS=1,2), --batch_size=1024
-#     --epochs=1 --steps_per_epoch=5 --seed=0; the two at once when their GPUs differ, else one after the other
-#     (not timed: their throughput is not measured)
-# Each run has `timeout LIMIT` (100 s) and a fresh folder /tmp/scaling/<name> (--overwrite); its output
-# goes to /tmp/scaling/logs/<name>.log (its last lines are printed). After every run the summary
-# (benchmarks/scaling_summary.py) rewrites $OUT/scaling.json from every run folder there, so a time limit
-# that stops this script part-way leaves the JSON of what finished: images/s from history.json by the
-# per-epoch step_seconds and by the wall clock (epochs 2..EPOCHS), per GPU, weak-scaling efficiency
-# (per-GPU rate / g1's), strong-scaling efficiency (s_k / (k * s1)), first-epoch seconds, loss parity.
-#
-# NCCL_DEBUG=INFO by default: the per-run summary lists the transports NCCL chose (P2P over NVLink, SHM...).
-# ONLY=p4r (not in the default set): p4 stopped by SIGTERM after STOP_EPOCH (1) epochs and run again; it must
-# resume and finish with one continuous history (its status line in RUNS/p4r.status). m2r: the same with m2.
-# Knobs: EPOCHS (4), LIMIT (100 s per run), ONLY, PER_GPU (512), STRONG (1024), PARITY_BATCH (1024),
-# P1_GPUS, P2_GPUS, RUNS (/tmp/scaling), PYTHON (python3), EXTRA (train flags placed right after the
-# flagfile, e.g. a smaller model), TAIL (train flags placed last: they override these defaults, e.g.
-# --knn_every=1), CPU_DEVICES=1 (CPU smoke test: each run gets as many XLA CPU devices as
-# GPUs named, --xla_force_host_platform_device_count).
-# On 4 H100s each run is about 25 s of XLA compile (the compilation cache at /tmp/xla-cache shortens runs
-# that share a computation) + ~15 s of start-up and final kNN + EPOCHS epochs of 60,000 images (~1.3 s on
-# 1 GPU): the default set takes about 5-6 minutes.
+# Variants (A+B: a run of A with option B):
+#   g1       one GPU, the reference                 base     1 process x GPUS GPUs (--strategy=data_parallel)
+#   launch   one process per GPU (python -m uniclr_tf.launch --processes=GPUS), one JAX job
+#   indep    GPUS independent one-GPU runs at once, one per GPU, no collective (GPU 0's run is timed)
+#   s1       one GPU at base's global batch (GPUS x PER_GPU): the strong-scaling reference
+#   resume   launch stopped by SIGTERM to the launcher after epoch 1, then the same command again: it must
+#            resume and end with one continuous history (a check; its line in RUNS_DIR/checks.txt)
+#   parity   1 GPU and 1 process x 2 GPUs, the same flags and seed, 5 steps: their epoch-1 losses (a check)
+#   options  onepass (--batch_norm=global_one_pass), perdev (--batch_norm=per_device), knn (the kNN monitor
+#            every epoch on the whole bank), bind (launch --cpu_binding=gpu; indep: taskset, a share of the
+#            CPUs each), and XLA flags: lhs (latency-hiding scheduler), cmdbuf (collectives in CUDA graphs),
+#            sync (all-reduces on the compute stream), oneshot (XLA's one-shot all-reduce), sym (NCCL symmetric
+#            buffers), nocombine (no heuristic collective combining), noshard (every process autotunes)
+# Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
+# RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
+# (RUNS_DIR/VARIANT-trace: python -m benchmarks.report trace RUNS_DIR/VARIANT-trace [--compare=...]).
+# At the end, and after every variant: OUT_DIR/scaling.json and scaling.md from
+# `python -m benchmarks.report scaling RUNS_DIR` (per variant ms a step, images/s, weak and strong efficiency,
+# the epoch end's share of the wall clock, failed runs), so a time limit that stops the script keeps what
+# finished. Settings: GPUS (every GPU nvidia-smi lists), VARIANTS ("g1 base launch"), REPEATS, TRACE, EPOCHS,
+# FROM, PER_GPU, LIMIT, OUT_DIR (runs/scaling), RUNS_DIR (OUT_DIR/runs), PYTHON (python3), EXTRA (train flags
+# for every run), CPU_DEVICES=1 (a smoke test on XLA CPU devices, one per "GPU"). On 4 H100s a run is about
+# 25 s of compile (less from the cache) + 15 s of start-up + 6 epochs of ~1.3 s.
 set -u
-OUT=${OUT:-/tmp/scaling-out}; mkdir -p "$OUT"
-EPOCHS=${EPOCHS:-4}
-LIMIT=${LIMIT:-100}
-ONLY=${ONLY:-g1 g2 g4 p4 s1 s4 p1 p2}
-PER_GPU=${PER_GPU:-512}
-STRONG=${STRONG:-1024}
-PARITY_BATCH=${PARITY_BATCH:-1024}
-P1_GPUS=${P1_GPUS:-0}
-P2_GPUS=${P2_GPUS:-1,2}
-RUNS=${RUNS:-/tmp/scaling}
+cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-EXTRA=${EXTRA:-}
-TAIL=${TAIL:-}
+GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}
+VARIANTS=${VARIANTS:-g1 base launch}; REPEATS=${REPEATS:-3}; TRACE=${TRACE:-0}
+EPOCHS=${EPOCHS:-6}; FROM=${FROM:-3}; PER_GPU=${PER_GPU:-512}; LIMIT=${LIMIT:-150}
+OUT_DIR=${OUT_DIR:-runs/scaling}; RUNS_DIR=${RUNS_DIR:-$OUT_DIR/runs}; EXTRA=${EXTRA:-}
+[ "${GPUS:-0}" -ge 2 ] 2>/dev/null || { echo "scaling: GPUS must be 2 or more (found '${GPUS:-}')" >&2; exit 2; }
 export KERAS_BACKEND=jax PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
-export NCCL_DEBUG=${NCCL_DEBUG:-INFO}  # into each run's log: the NCCL version and the transport between GPUs
-LOGS=$RUNS/logs
-mkdir -p "$LOGS"
-T0=$SECONDS
-# shellcheck disable=SC2086
-COMMON=(--flagfile=configs/paper/fashion_mnist_simaffinity.flags $EXTRA --augment_on=device --epochs="$EPOCHS" --warmup_epochs=1
-        --knn_every=0 --knn_max_train=5000 --nopictures --compilation_cache_dir=/tmp/xla-cache
-        --run_dir="$RUNS" --overwrite --verbose=2 $TAIL)
-NOISE="donated buffers were not usable|warnings.warn\\(|^ *$|oneDNN custom operations|absl::InitializeLog|was passed, but will be ignored|self.data_adapter = |Unable to initialize backend"
+mkdir -p "$OUT_DIR" "$RUNS_DIR/logs" "$RUNS_DIR/others"
+ALL=$(seq -s, 0 $((GPUS - 1)))
+COMMON=(--flagfile=configs/paper/fashion_mnist_simaffinity.flags --augment_on=device --epochs="$EPOCHS"
+        --warmup_epochs=1 --knn_every=0 --knn_max_train=5000 --nopictures --overwrite --verbose=2
+        --compilation_cache_dir="$RUNS_DIR/xla-cache" --run_dir="$RUNS_DIR")
+"$PY" - "$RUNS_DIR/environment.json" "$*" <<'PY'
+import datetime, json, subprocess, sys
+from importlib import metadata
+try:
+    cards = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                           text=True).stdout.split("\n")
+    card = f"{sum(1 for c in cards if c)} x {cards[0]}" if cards[0] else "CPU devices"
+except OSError:
+    card = "CPU devices"
+versions = []
+for p in ("jax", "keras"):
+    try:
+        versions.append(f"{p} {metadata.version(p)}")
+    except metadata.PackageNotFoundError:
+        pass
+versions = ", ".join(versions)
+json.dump({"card": card, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+           "software": versions, "command": "bash benchmarks/scaling.sh"}, open(sys.argv[1], "w"))
+PY
 
-stamp() { echo "=== $(date -u +%H:%M:%S) [scaling +$((SECONDS - T0)) s] $*"; }
-want() { [[ " $ONLY " == *" $1 "* ]]; }
-ndev() { awk -F, '{print NF}' <<< "$1"; }
-now() { date +%s.%N; }
-
-children=()
-cleanup() {  # a time limit around this script (TERM): stop the runs too (each timeout passes it on)
-  stamp "stopped (signal): ending the runs still going"
-  for p in "${children[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  wait
-  exit 143
-}
-trap cleanup TERM INT
-
-ENTRY=(-m uniclr_tf.train)  # what launch runs; launched() starts the train CLI through uniclr_tf.launch
-PROCESSES=1                 # the processes a single() run starts (launched(): one per GPU)
-PREFIX=()                   # a command the run is started under (independent() with BIND: taskset)
-launch() {  # launch GPUS LOG TRAIN_FLAGS...: one train process in the background; its pid in $last
-  local gpus=$1 log=$2; shift 2
-  local env_=(CUDA_VISIBLE_DEVICES="$gpus")
-  [ -n "${CPU_DEVICES:-}" ] && env_+=(XLA_FLAGS="--xla_force_host_platform_device_count=$(($(ndev "$gpus") / PROCESSES))")
-  env "${env_[@]}" timeout --kill-after=15 "$LIMIT" "${PREFIX[@]}" "$PY" "${ENTRY[@]}" "${COMMON[@]}" "$@" > "$log" 2>&1 &
-  last=$!
-  children+=("$last")
-}
-
-show() {  # the last lines of a run's log, without the noise, and the NCCL transports it used
-  grep -v -E "$NOISE| NCCL INFO " "$1" | tail -n "${2:-12}" | sed 's/^/    /'
-  grep -h -o -E "NCCL version [^ ]+|via (P2P|SHM|NET|NVLS|COLLNET)[A-Za-z0-9/]*" "$1" | sort | uniq -c | head -6 | sed 's/^/    nccl: /'
+run() {  # run NAME GPUS PROCESSES [TRAIN FLAGS...]: one train command (PROCESSES > 1: the launcher), waited for
+  local name=$1 gpus=$2 procs=$3; shift 3
+  local env_=(CUDA_VISIBLE_DEVICES="$gpus") entry=(-m uniclr_tf.train)
+  [ -n "${CPU_DEVICES:-}" ] && env_+=(XLA_FLAGS="${XLA:-} --xla_force_host_platform_device_count=$(( $(awk -F, '{print NF}' <<< "$gpus") / procs ))")
+  [ -z "${CPU_DEVICES:-}" ] && [ -n "${XLA:-}" ] && env_+=(XLA_FLAGS="$XLA")
+  [ "$procs" -gt 1 ] && entry=(-m uniclr_tf.launch --processes="$procs" --log_dir="$RUNS_DIR/logs/$name" ${LAUNCH_FLAGS:-} --)
+  # shellcheck disable=SC2086
+  env "${env_[@]}" timeout --kill-after=20 "$LIMIT" ${PREFIX:-} "$PY" "${entry[@]}" "${COMMON[@]}" $EXTRA \
+    --run_name="$name" "$@" > "$RUNS_DIR/logs/$name.log" 2>&1
 }
 
-record() {  # record NAME RC SECONDS GPUS PROCESSES, then rewrite the summary
-  echo "rc=$2 seconds=$3 gpus=$4 gpus_n=$(ndev "$4") processes=$5" > "$RUNS/$1.status"
-  "$PY" -m benchmarks.scaling_summary --runs="$RUNS" --out="$OUT/scaling.json" --quiet \
-    || echo "scaling_summary failed (exit $?)"
-}
-
-single() {  # single NAME GPUS TRAIN_FLAGS...: one process (PROCESSES, through ENTRY) on the GPUs named, waited for
-  local name=$1 gpus=$2; shift 2
-  rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
-  stamp "$name: CUDA_VISIBLE_DEVICES=$gpus $*"
-  local t0; t0=$(now)
-  launch "$gpus" "$LOGS/$name.log" --run_name="$name" "$@"
-  wait "$last"; local rc=$?
-  local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
-  stamp "$name: exit $rc after $secs s"
-  show "$LOGS/$name.log" $([ "$rc" = 0 ] && echo 8 || echo 40)
-  if [ "$rc" != 0 ]; then for f in "$LOGS/$name"/process-*.log; do [ -f "$f" ] && { echo "  -- $f:"; show "$f" 15; }; done; fi
-  record "$name" "$rc" "$secs" "$gpus" "$PROCESSES"
-}
-
-launched() {  # launched NAME N: N processes x 1 GPU started by python -m uniclr_tf.launch, waited for
-  local name=$1 n=$2
-  # shellcheck disable=SC2206
-  local PROCESSES=$n ENTRY=(-m uniclr_tf.launch --processes="$n" --log_dir="$LOGS/$name" ${LAUNCH_FLAGS:-} --)
-  single "$name" "$(seq -s, 0 $((n - 1)))" --batch_size=$((n * PER_GPU))
-}
-
-independent() {  # independent NAME N: N one-GPU runs at once (GPU k: NAME, NAME-1, ...), waited for
-  local name=$1 n=$2 k pids=() tags=() cpus ncpu; ncpu=$(nproc)
-  rm -rf "${RUNS:?}/$name" "$RUNS/$name".status "$RUNS/$name"-*
-  stamp "$name: $n independent one-GPU runs at once, batch $PER_GPU each${BIND:+, CPUs split}"
-  local t0; t0=$(now)
-  for ((k = 0; k < n; k++)); do
-    local tag=$name; [ "$k" -gt 0 ] && tag=$name-$k
-    local PREFIX=()
-    [ -n "${BIND:-}" ] && cpus="$((k * ncpu / n))-$(((k + 1) * ncpu / n - 1))" && PREFIX=(taskset -c "$cpus")
-    launch "$k" "$LOGS/$tag.log" --run_name="$tag" --batch_size="$PER_GPU"
-    pids+=("$last"); tags+=("$tag")
+variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RUNS_DIR/NAME.json
+  local v=$1 kind part xla="" extra=() bind=""
+  kind=${v%%+*}
+  for part in $(tr '+' ' ' <<< "${v#"$kind"}"); do
+    case $part in
+      onepass) extra+=(--batch_norm=global_one_pass) ;; perdev) extra+=(--batch_norm=per_device) ;;
+      knn) extra+=(--knn_every=1 --knn_max_train=0) ;; bind) bind=1 ;;
+      lhs) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true" ;;
+      cmdbuf) xla="$xla --xla_gpu_enable_command_buffer=+COLLECTIVES" ;;
+      sync) xla="$xla --xla_gpu_disable_async_collectives=ALLREDUCE" ;;
+      oneshot) xla="$xla --xla_gpu_unsupported_use_all_reduce_one_shot_kernel=true" ;;
+      sym) xla="$xla --xla_gpu_experimental_enable_nccl_symmetric_buffers=true" ;;
+      nocombine) xla="$xla --xla_gpu_experimental_enable_heuristic_collective_combining=false" ;;
+      noshard) xla="$xla --xla_gpu_shard_autotuning=false" ;;
+      *) echo "scaling: unknown option '$part' of $v" >&2; return 2 ;;
+    esac
   done
-  local rc=0 r
-  for p in "${pids[@]}"; do wait "$p"; r=$?; [ "$r" != 0 ] && rc=$r; done
-  local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
-  stamp "$name: exit $rc after $secs s"
-  for tag in "${tags[@]}"; do show "$LOGS/$tag.log" $([ "$rc" = 0 ] && echo 3 || echo 30); done
-  record "$name" "$rc" "$secs" 0 1
+  local gpus=$ALL procs=1 ngpu=$GPUS batch=$((GPUS * PER_GPU)) per=$PER_GPU layout
+  case $kind in
+    g1) gpus=0; ngpu=1; batch=$PER_GPU; layout="1 GPU" ;;
+    base) layout="1 process x $GPUS GPUs (--strategy=data_parallel)"; extra+=(--strategy=data_parallel) ;;
+    launch) procs=$GPUS; layout="one process per GPU (python -m uniclr_tf.launch)" ;;
+    indep) ngpu=1; batch=$PER_GPU; layout="$GPUS independent one-GPU runs at once (GPU 0's)" ;;
+    s1) gpus=0; ngpu=1; per=$batch; layout="1 GPU at the $GPUS-GPU global batch ($batch)" ;;
+    resume) resume "${extra[@]}"; return ;;
+    parity) parity "${extra[@]}"; return ;;
+    *) echo "scaling: unknown variant '$v'" >&2; return 2 ;;
+  esac
+  [ -n "$bind" ] && layout="$layout, CPUs bound"
+  printf '{"variant": "%s", "run": "%s", "gpus": %d, "batch_per_gpu": %d, "layout": "%s"}\n' \
+    "$v" "$kind" "$ngpu" "$per" "$layout" > "$RUNS_DIR/$v.json"
+  local r tag flags last=$((EPOCHS * 60000 / batch)) rc start
+  for ((r = 1; r <= REPEATS + (TRACE == 1 ? 1 : 0); r++)); do
+    tag=$v-r$r; flags=("${extra[@]}" --batch_size="$batch")
+    [ "$r" -gt "$REPEATS" ] && { tag=$v-trace; flags+=(--profile_steps=$((last - 5)),$((last - 1))); }
+    echo "=== $(date -u +%T) $tag: $layout, batch $batch${xla:+, XLA_FLAGS=$xla}"
+    start=$SECONDS
+    if [ "$kind" = indep ]; then  # one run per GPU at once; GPU 0's is the variant's
+      local k pids=() cpus=$(nproc)
+      for ((k = GPUS - 1; k >= 0; k--)); do
+        local name=$tag prefix=""
+        [ "$k" -gt 0 ] && name=others/$tag-g$k
+        [ -n "$bind" ] && prefix="taskset -c $((k * cpus / GPUS))-$(((k + 1) * cpus / GPUS - 1))"
+        XLA=$xla PREFIX=$prefix run "$name" "$k" 1 "${flags[@]}" & pids+=($!)
+      done
+      rc=0; for k in "${pids[@]}"; do wait "$k" || rc=$?; done
+    else
+      XLA=$xla LAUNCH_FLAGS=${bind:+--cpu_binding=gpu} run "$tag" "$gpus" "$procs" "${flags[@]}"; rc=$?
+    fi
+    echo "rc=$rc seconds=$((SECONDS - start))" > "$RUNS_DIR/$tag.status"
+    echo "    exit $rc after $((SECONDS - start)) s"
+    [ "$rc" = 0 ] || tail -n 15 "$RUNS_DIR/logs/$tag.log" | sed 's/^/    /'
+  done
 }
 
-resumed_multi() {  # resumed_multi NAME N (p4r, m2r): N processes x 1 GPU (the launcher) stopped by a real SIGTERM
-  # to the launcher once STOP_EPOCH (1) epochs are in its history, then the same command again: it must resume and
-  # end with one continuous history (epochs 1..EPOCHS, each once). Its own status line: NAME.status (rc 0 only if
-  # all that held).
-  local name=$1 n=$2; local flags=(--run_name="$name" --batch_size=$((n * PER_GPU))) stop_at=${STOP_EPOCH:-1}
-  local gpus PROCESSES=$n ENTRY=(-m uniclr_tf.launch --processes="$n" --log_dir="$LOGS/$name" --)
-  gpus=$(seq -s, 0 $((n - 1)))
-  rm -rf "${RUNS:?}/$name" "$RUNS/$name.status"
-  local t0; t0=$(now)
-  stamp "$name: python -m uniclr_tf.launch --processes=$n, stopped after epoch $stop_at"
-  launch "$gpus" "$LOGS/$name.log" "${flags[@]}"
-  while kill -0 "$last" 2> /dev/null; do
-    "$PY" -c "import json,sys; sys.exit(len(json.load(open(sys.argv[1]))) < int(sys.argv[2]))" \
-      "$RUNS/$name/history.json" "$stop_at" 2> /dev/null && break
+resume() {  # launch, SIGTERM to the launcher once epoch 1 is in the history, then the same command again
+  local name=resume flags=("$@" --batch_size=$((GPUS * PER_GPU)))
+  echo "=== $(date -u +%T) resume: one process per GPU, stopped after epoch 1, then resumed"
+  run "$name" "$ALL" "$GPUS" "${flags[@]}" &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    "$PY" -c "import json,sys; sys.exit(len(json.load(open(sys.argv[1]))) < 1)" "$RUNS_DIR/$name/history.json" 2>/dev/null && break
     sleep 0.5
   done
-  stamp "$name: epoch $stop_at in the history: SIGTERM to the launcher (it forwards it to the $n processes)"
-  kill -TERM "$last" 2> /dev/null  # timeout passes it on to the launcher
-  wait "$last"; local first=$?
-  mv "$LOGS/$name.log" "$LOGS/$name.stopped.log"
-  stamp "$name: stopped with exit $first (143: SIGTERM, a backup saved); the same command again, without --overwrite"
-  show "$LOGS/$name.stopped.log" 4
-  local kept=() saved=("${COMMON[@]}") a
-  for a in "${COMMON[@]}"; do [ "$a" = --overwrite ] || kept+=("$a"); done
-  COMMON=("${kept[@]}")
-  launch "$gpus" "$LOGS/$name.log" "${flags[@]}"
-  wait "$last"; rc=$?
-  COMMON=("${saved[@]}")
-  local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
-  show "$LOGS/$name.log" 6
-  local check
-  check=$("$PY" -c "import json,sys; e=[x['epoch'] for x in json.load(open(sys.argv[1]))]; print('continuous' if e == list(range(1, int(sys.argv[2]) + 1)) else f'epochs {e}')" \
-    "$RUNS/$name/history.json" "$EPOCHS" 2>&1)
-  grep -q "resuming at" "$LOGS/$name.log" || check="$check; no 'resuming at' in the log"
-  [ "$first" = 143 ] || check="$check; first part exited $first, not 143"
-  [ "$check" = continuous ] && [ "$rc" = 0 ] || { [ "$rc" = 0 ] && rc=1; }
-  stamp "$name: exit $rc after $secs s (both parts); history: $check"
-  echo "rc=$rc seconds=$secs gpus=$gpus gpus_n=$n processes=$n first_exit=$first history=${check// /_}" \
-    > "$RUNS/$name.status"
+  pkill -TERM -P "$pid" 2>/dev/null  # timeout, the launcher's parent, passes it on; the launcher forwards it
+  wait "$pid"; local first=$?
+  mv "$RUNS_DIR/logs/$name.log" "$RUNS_DIR/logs/$name.stopped.log"
+  local saved=("${COMMON[@]}") kept=() a; for a in "${COMMON[@]}"; do [ "$a" = --overwrite ] || kept+=("$a"); done
+  COMMON=("${kept[@]}"); run "$name" "$ALL" "$GPUS" "${flags[@]}"; local rc=$?; COMMON=("${saved[@]}")
+  local history
+  history=$("$PY" -c "import json,sys; e=[x['epoch'] for x in json.load(open(sys.argv[1]))]; print('continuous' if e == list(range(1, int(sys.argv[2]) + 1)) else f'epochs {e}')" \
+    "$RUNS_DIR/$name/history.json" "$EPOCHS" 2>&1)
+  local verdict=passed
+  { [ "$first" = 143 ] && [ "$rc" = 0 ] && [ "$history" = continuous ] && grep -q "resuming at" "$RUNS_DIR/logs/$name.log"; } || verdict=FAILED
+  echo "resume: $verdict (first part exit $first, second exit $rc, history $history)" | tee -a "$RUNS_DIR/checks.txt"
 }
 
-parity() {  # p1 and p2: concurrently when their GPUs differ
-  local flags=(--batch_size="$PARITY_BATCH" --epochs=1 --steps_per_epoch=5 --seed=0)
-  local overlap=0 g
-  for g in ${P1_GPUS//,/ }; do [[ ",$P2_GPUS," == *",$g,"* ]] && overlap=1; done
-  if [ "$overlap" = 0 ] && want p1 && want p2; then
-    stamp "p1 (CUDA_VISIBLE_DEVICES=$P1_GPUS) and p2 (CUDA_VISIBLE_DEVICES=$P2_GPUS, data_parallel) at once: ${flags[*]}"
-    rm -rf "${RUNS:?}/p1" "$RUNS/p2" "$RUNS/p1.status" "$RUNS/p2.status"
-    local t0; t0=$(now)
-    launch "$P1_GPUS" "$LOGS/p1.log" --run_name=p1 "${flags[@]}"; local a=$last
-    launch "$P2_GPUS" "$LOGS/p2.log" --run_name=p2 --strategy=data_parallel "${flags[@]}"; local b=$last
-    wait "$a"; local ra=$?
-    local sa; sa=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
-    wait "$b"; local rb=$?
-    local sb; sb=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
-    stamp "p1: exit $ra after $sa s; p2: exit $rb after $sb s"
-    show "$LOGS/p1.log" $([ "$ra" = 0 ] && echo 4 || echo 40)
-    show "$LOGS/p2.log" $([ "$rb" = 0 ] && echo 4 || echo 40)
-    echo "rc=$ra seconds=$sa gpus=$P1_GPUS gpus_n=$(ndev "$P1_GPUS") processes=1" > "$RUNS/p1.status"
-    record p2 "$rb" "$sb" "$P2_GPUS" 1
-  else
-    want p1 && single p1 "$P1_GPUS" "${flags[@]}"
-    want p2 && single p2 "$P2_GPUS" --strategy=data_parallel "${flags[@]}"
-  fi
-  for n in p1 p2; do
-    [ -f "$RUNS/$n/history.json" ] && echo "  $n epoch 1: $("$PY" -c "import json,sys; e=json.load(open(sys.argv[1]))[0]; print(json.dumps({k: e.get(k) for k in ('loss','step_seconds')}))" "$RUNS/$n/history.json")"
-  done
+parity() {  # p1 (1 GPU) and p2 (1 process x 2 GPUs), the same flags and seed, 5 steps: epoch-1 losses
+  local flags=("$@" --batch_size=$((2 * PER_GPU)) --epochs=1 --steps_per_epoch=5 --seed=0)
+  echo "=== $(date -u +%T) parity: 1 GPU against 1 process x 2 GPUs, 5 steps"
+  run p1 0 1 "${flags[@]}" & local a=$!
+  run p2 "$((GPUS > 2 ? 1 : 0)),$((GPUS > 2 ? 2 : 1))" 1 --strategy=data_parallel "${flags[@]}" &
+  local b=$!; wait "$a"; wait "$b"
+  "$PY" - "$RUNS_DIR" <<'PY' | tee -a "$RUNS_DIR/checks.txt"
+import json, os, sys
+loss = [json.load(open(os.path.join(sys.argv[1], n, "history.json")))[0]["loss"] for n in ("p1", "p2")]
+print(f"parity: epoch-1 loss 1 GPU {loss[0]:.6f}, 2 GPUs {loss[1]:.6f}, relative difference {abs(loss[1] - loss[0]) / abs(loss[0]):.1e}")
+PY
 }
 
-stamp "scaling: ONLY='$ONLY' EPOCHS=$EPOCHS LIMIT=$LIMIT PER_GPU=$PER_GPU STRONG=$STRONG runs in $RUNS"
-{ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader; } > "$RUNS/gpus.txt" 2>&1
-cat "$RUNS/gpus.txt"
-echo "$PY -m uniclr_tf.train ${COMMON[*]} (EPOCHS=$EPOCHS LIMIT=$LIMIT)" > "$RUNS/command.txt"
-
-want g1 && single g1 0 --batch_size="$PER_GPU"
-want g2 && single g2 0,1 --batch_size=$((2 * PER_GPU)) --strategy=data_parallel
-want g4 && single g4 0,1,2,3 --batch_size=$((4 * PER_GPU)) --strategy=data_parallel
-want p4 && launched p4 4
-want p4r && resumed_multi p4r 4
-want m2 && launched m2 2
-want m2r && resumed_multi m2r 2
-want l2 && launched l2 2
-want l4 && launched l4 4
-want i2 && independent i2 2
-want i4 && independent i4 4
-want s1 && single s1 0 --batch_size="$STRONG"
-if { want s1 || want s4; } && [ "$STRONG" != $((2 * PER_GPU)) ]; then
-  echo "s2: STRONG=$STRONG is not g2's batch: the strong-scaling point at 2 GPUs is not measured"
-fi
-want s4 && single s4 0,1,2,3 --batch_size="$STRONG" --strategy=data_parallel
-{ want p1 || want p2; } && parity
-
-stamp "scaling done"
-"$PY" -m benchmarks.scaling_summary --runs="$RUNS" --out="$OUT/scaling.json"
+report() { "$PY" -m benchmarks.report scaling "$RUNS_DIR" --out="$OUT_DIR/scaling.json" > "$OUT_DIR/scaling.md"; }
+status=0
+for v in $VARIANTS; do
+  variant "$v" || status=$?
+  [ -n "$(ls "$RUNS_DIR"/*-r*.status 2>/dev/null)" ] && report
+done
+if [ -n "$(ls "$RUNS_DIR"/*-r*.status 2>/dev/null)" ]; then report && cat "$OUT_DIR/scaling.md"; fi
+[ -f "$RUNS_DIR/checks.txt" ] && cat "$RUNS_DIR/checks.txt"
+exit $status

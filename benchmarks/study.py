@@ -1,8 +1,10 @@
 r"""A study: many runs of the train CLI from one plan file, one run per GPU at a time, resumable.
 
-    python benchmarks/study.py --plan=benchmarks/study/recipe.plan --out=OUT [--gpus=0,1,2,3]
+    python -m benchmarks.study --plan=benchmarks/study/recipe.plan --out=OUT [--gpus=0,1,2,3]
         [--runs_dir=/tmp/uniclr-study] [--time_limit=540] [--only=NAME,...] [--linear_eval="--augment_on=device"]
-    python benchmarks/study.py --plan=... --out=OUT --summary_only      # the table of what OUT holds
+    python -m benchmarks.study --plan=... --out=OUT --summary_only      # the table of what OUT holds
+    python -m benchmarks.study plan robustness|full_schedule           # a plan generated from configs/
+    python -m benchmarks.study pack --plan=PLAN --out=FILE.json [--card=H200] DIR ...   # curated runs
 
 The plan is a text file, one run per line: a name, then the train flags of that run. ``common:``
 lines give flags every run of the plan takes. ``#`` starts a comment; a line ending in ``\``
@@ -11,27 +13,34 @@ continues on the next::
     common: --augment_on=device --epochs=100 --knn_every=10
     sgd-t0.2   --flagfile=configs/simaffinity.flags --optimizer=sgd --temperature=0.2
 
+Runs ``NAME``, ``NAME-s1``, ``NAME-s2`` ... are the seeds of one configuration (``benchmarks.report``).
 Each run is ``python -m uniclr_tf.train RUN_FLAGFILES COMMON RUN_FLAGS --run_dir=RUNS_DIR
 --run_name=NAME --verbose=2 --nopictures`` (later flags win: a run's ``--flagfile=`` goes first, so
-the common flags override the flagfile, and the run's other flags override both), in its own process, with ``CUDA_VISIBLE_DEVICES`` set to one of ``--gpus`` (``cpu``:
-no GPU). As many runs go at once as GPUs are named, times ``--per_gpu``. The train CLI itself makes the study resumable:
-a run folder that exists continues from its last backup, a finished one exits at once, and a folder
-whose flags differ is refused (its error ends in the run's log). A run that finished (and was evaluated, if
-``--linear_eval`` asks) with the same command as its last launch is not started at all. So rerunning the same command
-after a time limit or a kill continues every unfinished run, on the same machine (``--runs_dir`` must
-survive; a GPU job's /tmp does not survive the machine, but does survive between calls while it is
-held). At ``--time_limit`` seconds, no new run starts after the limit minus ``--min_start``, and
-those still running get SIGTERM: they save a backup at the next step and exit, resumable.
+the common flags override the flagfile, and the run's other flags override both), in its own process,
+with ``CUDA_VISIBLE_DEVICES`` set to one of ``--gpus`` (``cpu``: no GPU). As many runs go at once as GPUs
+are named, times ``--per_gpu``. The train CLI itself makes the study resumable: a run folder that exists
+continues from its last backup, a finished one exits at once, and a folder whose flags differ is refused
+(its error ends in the run's log). A run that finished (and was evaluated, if ``--linear_eval`` asks)
+with the same command as its last launch is not started at all. So rerunning the same command after a
+time limit or a kill continues every unfinished run, as long as ``--runs_dir`` survives. At
+``--time_limit`` seconds, no new run starts after the limit minus ``--min_start``, and those still
+running get SIGTERM: they save a backup at the next step and exit, resumable.
 
 After a run ends well, ``--linear_eval FLAGS`` runs ``python -m uniclr_tf.linear_eval
 --run_dir=RUN FLAGS`` on the same GPU (``--augment_on=device`` on a machine without TensorFlow).
 
 ``OUT/NAME/`` gets a copy of the run's small files (history.json, metrics.json, flags.txt,
-linear_eval.json) and its logs; ``OUT/summary.json`` and ``OUT/summary.md`` the table: kNN top-1 at
-epochs 25/50/100/200 (from the kNN monitor), the final kNN, the linear top-1, the embedding std at
-the end, wall-clock and training images/s (epochs 2.., kNN excluded), for every run the plan names. A run
-resumed across calls counts the wall-clock of all its invocations, and its images/s leaves out the first
-epoch of each (the compile).
+linear_eval.json, config.json), its logs and ``exits.json`` (each phase's exit code);
+``OUT/summary.md`` and ``OUT/summary.json`` the study report (``python -m benchmarks.report study OUT``):
+per configuration the seeds run and failed, kNN and linear top-1 as mean ± std, and a row per run.
+
+``plan robustness`` is every shipped GPU config (``configs/*.flags`` but the CPU quickstarts,
+``configs/paper/fashion_mnist_*.flags``, ``configs/methods/*.flags``) x 5 seeds x the first 30 epochs of
+its own schedule; ``plan full_schedule`` the same configs x 3 seeds x their whole schedule, each to be run
+with ``--linear_eval``. A config that only points to another (``--flagfile=OTHER`` and nothing else) is
+that recipe and shares its runs. ``pack`` keeps the small part of run folders (status, card, final
+numbers, the per-epoch kNN, effective rank and embedding std) in one JSON per plan, what
+``benchmarks/results/study/`` holds.
 """
 
 import argparse
@@ -51,7 +60,6 @@ if ROOT not in sys.path:  # run as `python benchmarks/study.py` from a checkout:
 from uniclr_tf.training.runs import atomic_write_text  # noqa: E402  (standard library and NumPy only)
 
 COPIED = ("history.json", "metrics.json", "flags.txt", "linear_eval.json", "config.json")
-EPOCH_MARKS = (10, 25, 50, 100, 200)  # kNN monitor epochs the table shows (knn_every must hit them)
 
 
 def read_plan(path):
@@ -76,14 +84,6 @@ def read_plan(path):
     return common, runs
 
 
-def _history(folder):
-    try:
-        with open(os.path.join(folder, "history.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return []
-
-
 def _json(path):
     try:
         with open(path) as f:
@@ -92,105 +92,86 @@ def _json(path):
         return None
 
 
-def _flag(flags, name, default=None):
-    value = default
-    for flag in flags:
-        if flag.startswith(f"--{name}="):
-            value = flag.split("=", 1)[1]
-    return value
+CONFIGS_EPOCHS = {"robustness": 30}  # generated plans: epochs of each schedule run (None: the whole schedule)
+SEEDS = {"robustness": 5, "full_schedule": 3}
 
 
-def summarise(out, runs, also=()):
-    """One row per run of the plan from what ``out/NAME/`` holds (else the first ``also/NAME/`` that exists)."""
-    rows = []
-    for name, flags in runs:
-        folder = os.path.join(out, name)
-        for other in also:
-            if not os.path.isdir(folder) and os.path.isdir(os.path.join(other, name)):
-                folder = os.path.join(other, name)
-        history = _history(folder)
-        metrics = _json(os.path.join(folder, "metrics.json")) or {}
-        linear = _json(os.path.join(folder, "linear_eval.json")) or {}
-        knn = {int(e["epoch"]): e["knn_top1"] for e in history if "knn_top1" in e}
-        exits = _json(os.path.join(folder, "exits.json")) or {}
-        status = metrics.get("status") or ("stopped" if history else "not started")
-        failed = {phase: code for phase, code in exits.items() if code not in (0, None)}
-        if failed:
-            status = ", ".join(f"{phase} exit {code}" for phase, code in failed.items())
-        row = {"name": name, "flags": " ".join(flags), "epochs_done": len(history), "status": status}
-        for mark in EPOCH_MARKS:
-            row[f"knn@{mark}"] = knn.get(mark)
-        row["knn_final"] = metrics.get("knn_top1")
-        row["raw_pixel_knn"] = metrics.get("raw_pixel_knn_top1")
-        sections = [v for k, v in linear.items() if k.startswith("linear[") and isinstance(v, dict)]
-        row["linear_top1"] = sections[0].get("top1") if sections else None
-        row["embedding_std_final"] = history[-1].get("embedding_std") if history else None
-        # a resumed run's history continues, but ``wall_seconds`` counts from each invocation's start: an
-        # invocation ends where the next entry's is smaller. Wall-clock sums the invocations; images/s
-        # leaves out each invocation's first epoch (its compile), as it leaves out a single run's epoch 1.
-        starts = [0] + [i for i in range(1, len(history))
-                        if history[i].get("wall_seconds", 0.0) < history[i - 1].get("wall_seconds", 0.0)]
-        ends = [i - 1 for i in starts[1:]] + [len(history) - 1]
-        row["invocations"] = len(starts) if history else 0
-        row["wall_seconds"] = (round(sum(history[i]["wall_seconds"] for i in ends), 1)
-                               if history and all("wall_seconds" in history[i] for i in ends) else None)
-        later = [e for i, e in enumerate(history) if i not in starts]
-        steps = metrics.get("steps", 0) / max(len(history), 1)
-        batch = int(_flag(flags, "batch_size", 0) or (_json(os.path.join(folder, "config.json")) or {}).get("batch_size", 0))
-        seconds = sum(e.get("step_seconds", 0.0) for e in later)
-        row["images_per_second"] = round(len(later) * steps * batch / seconds) if seconds and batch else None
-        rows.append(row)
-    return rows
+def shipped_configs():
+    """The shipped GPU configs, the UniCLR ones first: configs/*.flags (not the CPU quickstarts),
+    configs/paper/fashion_mnist_*.flags, configs/methods/*.flags (paths relative to the repository)."""
+    import glob
+    top = [p for p in sorted(glob.glob(os.path.join(ROOT, "configs", "*.flags")))
+           if not os.path.basename(p).startswith("quickstart")]
+    paper = sorted(glob.glob(os.path.join(ROOT, "configs", "paper", "fashion_mnist_*.flags")))
+    methods = sorted(glob.glob(os.path.join(ROOT, "configs", "methods", "*.flags")))
+    return [os.path.relpath(p, ROOT) for p in top + paper + methods]
 
 
-def markdown(rows):
-    cols = ["name", "epochs_done"] + [f"knn@{m}" for m in EPOCH_MARKS] + [
-        "knn_final", "linear_top1", "embedding_std_final", "wall_seconds", "images_per_second", "status"]
-    fmt = lambda v: "" if v is None else (f"{v:.4f}" if isinstance(v, float) and v < 1.5 else str(v))
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
+def alias_of(config, checked):
+    """The config that ``config`` only points to (its one setting is ``--flagfile=OTHER``), when OTHER is
+    among ``checked`` too: the same recipe, whose runs it shares. None for a config of its own."""
+    with open(os.path.join(ROOT, config)) as f:
+        settings = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    if len(settings) == 1 and settings[0].startswith("--flagfile="):
+        target = os.path.normpath(settings[0].split("=", 1)[1])
+        if target in checked:
+            return target
+    return None
 
 
-SEED_SUFFIX = re.compile(r"-s[0-9]+$")
-AGGREGATED = [f"knn@{m}" for m in EPOCH_MARKS] + ["knn_final", "linear_top1", "embedding_std_final",
-                                                    "images_per_second"]
+def run_name(config, seed, prefix=""):
+    """``configs/paper/fashion_mnist_simtrace.flags``, seed 0 -> ``paper.fashion_mnist_simtrace-s0``."""
+    stem = os.path.splitext(os.path.relpath(config, "configs"))[0].replace(os.sep, ".")
+    return f"{prefix}{stem}-s{seed}"
 
 
-def aggregate(rows):
-    """Mean and sample std over the seeds of a configuration: runs ``NAME``, ``NAME-s1``, ``NAME-s2``...
+def generated_plan(kind):
+    """The text of ``benchmarks/study/KIND.plan``: every shipped GPU config x the kind's seeds."""
+    if kind not in SEEDS:
+        raise SystemExit(f"plan: one of {', '.join(SEEDS)}; received {kind!r}")
+    checked, seeds, epochs = shipped_configs(), SEEDS[kind], CONFIGS_EPOCHS.get(kind)
+    if epochs:
+        what, common, prefix = f"the first {epochs} epochs of each schedule", \
+            f"--augment_on=device --stop_at_epoch={epochs} --knn_every=5", ""
+        how = "no linear evaluation"
+    else:
+        what, common, prefix = "each whole schedule", "--augment_on=device", "full."
+        how = 'run with --linear_eval="--augment_on=device --batch_size=512"'
+    lines = [f"# Generated by `python -m benchmarks.study plan {kind}`: {len(checked)} configs x {seeds} seeds, "
+             f"{what}; {how}.", f"common: {common}"]
+    for config in checked:
+        same = alias_of(config, checked)
+        if same:
+            lines.append(f"# {config}: the recipe of {same} (its runs)")
+            continue
+        lines += [f"{run_name(config, seed, prefix)}  --flagfile={config} --seed={seed}" for seed in range(seeds)]
+    return "\n".join(lines) + "\n"
 
-    Only runs that finished count; ``seeds`` is how many did."""
-    groups = {}
-    for row in rows:
-        if row["status"] == "finished":
-            groups.setdefault(SEED_SUFFIX.sub("", row["name"]), []).append(row)
-    out = []
-    for name, members in groups.items():
-        entry = {"name": name, "seeds": len(members), "runs": [r["name"] for r in members]}
-        for column in AGGREGATED:
-            values = [r[column] for r in members if r.get(column) is not None]
-            if values:
-                mean = sum(values) / len(values)
-                std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else None
-                entry[column] = {"mean": mean, "std": std, "n": len(values)}
-        out.append(entry)
-    return out
+
+def pack(plan, dirs, card=None):
+    """The runs of ``plan`` found in ``dirs`` (the first holding a finished run NAME, else the first holding
+    any of its files), packed by ``benchmarks.report.pack_run``."""
+    from benchmarks import report
+    _, runs = read_plan(plan)
+    packed = {}
+    for name, _flags in runs:
+        present = [d for d in dirs if os.path.isdir(os.path.join(d, name))]
+        finished = [d for d in present if (_json(os.path.join(d, name, "metrics.json")) or {}).get("status") == "finished"]
+        if finished or present:
+            packed[name] = report.pack_run(os.path.join((finished or present)[0], name), card)
+    return {"plan": os.path.relpath(os.path.abspath(plan), ROOT), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "runs": packed}
 
 
-def markdown_seeds(entries):
-    cols = [c for c in AGGREGATED if any(c in e for e in entries)]
-
-    def fmt(cell, column):
-        if cell is None:
-            return ""
-        digits = 0 if column == "images_per_second" else 4
-        text = f"{cell['mean']:.{digits}f}"
-        return text + (f" ± {cell['std']:.{digits}f}" if cell["std"] is not None else "") + f" ({cell['n']})"
-
-    lines = ["| name | seeds | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 2)]
-    lines += [f"| {e['name']} | {e['seeds']} | " + " | ".join(fmt(e.get(c), c) for c in cols) + " |" for e in entries]
-    return "\n".join(lines)
+def write_summary(out, names=None):
+    """``OUT/summary.md`` and ``OUT/summary.json``: the study report of the runs in ``out`` (those named)."""
+    from benchmarks import report
+    tables, _ = report.study([out], per_run=True, only=names)
+    text = report.markdown(tables)
+    # atomic: a reader, or another study process writing the same summary, never sees half a file
+    atomic_write_text(os.path.join(out, "summary.json"), json.dumps({"kind": "study", "tables": tables}, indent=1))
+    atomic_write_text(os.path.join(out, "summary.md"), text)
+    return text
 
 
 def collect(run_folder, out_folder):
@@ -202,7 +183,23 @@ def collect(run_folder, out_folder):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["plan"]:
+        if len(argv) != 2:
+            raise SystemExit("usage: python -m benchmarks.study plan robustness|full_schedule")
+        sys.stdout.write(generated_plan(argv[1]))
+        return
+    if argv[:1] == ["pack"]:
+        parser = argparse.ArgumentParser(prog="python -m benchmarks.study pack")
+        parser.add_argument("dirs", nargs="+", help="study --out folders holding run folders NAME/")
+        parser.add_argument("--plan", required=True)
+        parser.add_argument("--out", required=True)
+        parser.add_argument("--card", default=None, help="the GPU (default: h100/h200 read from each folder's path)")
+        args = parser.parse_args(argv[1:])
+        text = json.dumps(pack(args.plan, args.dirs, args.card), separators=(",", ":")).replace('},"', '},\n"')
+        atomic_write_text(args.out, text + "\n")
+        return
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.study", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", required=True)
     parser.add_argument("--out", required=True, help="results folder (copies, logs, summary)")
@@ -218,10 +215,6 @@ def main(argv=None):
     parser.add_argument("--linear_eval", default=None, help="flags of a linear evaluation after each run")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--summary_only", action="store_true")
-    parser.add_argument("--also", default="",
-                        help="comma-separated earlier OUT folders: a run missing from --out is read from there")
-    parser.add_argument("--seeds", action="store_true",
-                        help="also a table of mean +- std over seeds (runs NAME, NAME-s1, NAME-s2, ...)")
     parser.add_argument("--dry_run", action="store_true", help="print the commands only")
     args = parser.parse_args(argv)
 
@@ -239,16 +232,7 @@ def main(argv=None):
         # Several study processes may share --out (one per GPU, each with its own --only): each one's
         # summary covers every plan run with a folder there, so the last to finish leaves them all.
         runs = [r for r in plan_runs if r in runs or os.path.isdir(os.path.join(args.out, r[0]))]
-    rows = summarise(args.out, runs, [d for d in args.also.split(",") if d])
-    table = markdown(rows)
-    result = {"plan": os.path.relpath(args.plan, ROOT), "common": common, "rows": rows}
-    if args.seeds:
-        result["seeds"] = aggregate(rows)
-        table += "\n\nMean ± std over seeds (finished runs; the count in brackets):\n\n" + markdown_seeds(result["seeds"])
-    # atomic: a reader, or another study process writing the same summary, never sees half a file
-    atomic_write_text(os.path.join(args.out, "summary.json"), json.dumps(result, indent=1))
-    atomic_write_text(os.path.join(args.out, "summary.md"), table + "\n")
-    print(table, flush=True)
+    print(write_summary(args.out, [name for name, _ in runs]), flush=True)
 
 
 def _gpus(spec):

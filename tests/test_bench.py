@@ -118,11 +118,11 @@ def test_jax_bench_data_parallel_step_is_the_one_device_step(jax_bench_runs):
     assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-4)
     assert two["flops_per_image"] == pytest.approx(one["flops_per_image"], rel=1e-6)
     assert two["mfu"] == pytest.approx(two["images_per_s"] * two["flops_per_image"] / (2 * 2e12))
-    # --profile_dir: each process traced 2 more steps into its own folder, which trace_summary reads
-    from benchmarks import trace_summary
+    # --profile_dir: each process traced 2 more steps into its own folder, which the trace report reads
+    from benchmarks import report
     for pid in (0, 1):
         folder = os.path.join(os.path.dirname(two["profile_dir"]), f"process-{pid}")
-        assert any(e.get("ph") == "X" for e in trace_summary.load(folder)), folder
+        assert any(e.get("ph") == "X" for e in report.load_trace(folder)), folder
 
 
 def test_jax_bench_reports_the_steps_flops_and_mfu(jax_bench_runs):
@@ -144,12 +144,14 @@ def test_jax_bench_reports_the_steps_flops_and_mfu(jax_bench_runs):
 
 def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(tmp_path):
     """benchmarks.epoch_gap on a real (tiny, JAX) run: every piece of the epoch boundary is timed, the
-    variant is applied and recorded; then cli_vs_bench --summarise reads the same run folder."""
+    variant is applied and recorded, --cprofile keeps the profile; then cli_vs_bench --summarise reads the
+    same run folder, and the speed report puts it in its table."""
     from tests.test_resilience import TINY  # the resilience tests' tiny run
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT)}
     gap_json = tmp_path / "gap.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.epoch_gap", "--variant=one_piece", f"--out={gap_json}", "--",
+        [sys.executable, "-m", "benchmarks.epoch_gap", "--variant=one_piece", f"--out={gap_json}",
+         f"--cprofile={tmp_path / 'run.prof'}", "--",
          *TINY, "--augment_on=device", "--epochs=5", "--steps_per_epoch=2", "--knn_every=0", f"--run_dir={tmp_path}", "--run_name=g", "--verbose=2"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -161,16 +163,20 @@ def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(
     assert all(0 < g < 60 for g in samples["gap between epochs (device idle)"])
     assert len(samples["BackupCallback.on_epoch_end"]) == 5 and len(samples["reset_metrics"]) >= 5
     assert table["writer thread: to_host"]["n"] >= 1 and table["steps of an epoch (step_seconds)"]["n"] >= 1
+    assert (tmp_path / "run.prof").stat().st_size > 0 and "== epoch-end work and data stream" in proc.stdout
 
     summary_json = tmp_path / "summary.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.cli_vs_bench", f"--summarise={tmp_path / 'g'}",
-                           "--model_rate=1000", "--process_seconds=100", f"--out={summary_json}"],
+                           "--model_rate=1000", "--process_seconds=100", f"--out={summary_json}", "--label=tiny"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(summary_json.read_text())
     assert result["epochs"] == 5 and result["steps_per_epoch"] == 2 and result["batch_size"] == 64
     assert 0 <= result["share_outside_training_steps_measured"] < 1
     assert result["cli_training_images_per_s"] > 0 and "ratio CLI / bench" in proc.stdout
+    from benchmarks import report
+    row = report.speed([str(summary_json)])[0]["rows"][0]
+    assert row["run"] == "tiny" and row["bench"] == 1000 and row["ratio"] == result["ratio_cli_to_bench"]
 
 
 def test_bad_sections_flag_is_a_usage_error():

@@ -1,9 +1,8 @@
-"""The step profiler (``--profile_steps``) and the trace summary of benchmarks/trace_summary.py."""
+"""The step profiler (``--profile_steps``) and the trace report of benchmarks/report.py."""
 
 import gzip
 import json
 import os
-import sys
 
 import keras
 import numpy as np
@@ -11,7 +10,6 @@ import pytest
 
 from uniclr_tf.training.callbacks import StepProfiler
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_step_profiler_traces_the_steps_asked_for(tmp_path, capsys):
@@ -58,26 +56,28 @@ def _trace(path):
 
 
 def test_trace_summary_splits_steps_and_separates_compute_from_collectives(tmp_path):
-    sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
-    import trace_summary
+    from benchmarks import report
     folder = tmp_path / "profile" / "plugins" / "profile" / "x"
     folder.mkdir(parents=True)
     _trace(folder / "perfetto_trace.json.gz")
-    summary = trace_summary.summarise(trace_summary.load(str(tmp_path / "profile")), gap_ms=2.5, min_kernels=1)
+    summary = report.summarise_trace(report.load_trace(str(tmp_path / "profile")), gap_ms=2.5, min_kernels=1)
     steps = summary["devices"]["/device:GPU:0"]
     assert len(steps) == 2 and len(summary["devices"]) == 2
     assert steps[0] == {"kernels": 3, "span_ms": 5.0, "compute_ms": 4.0, "nccl_ms": 2.0, "idle_ms": 0.0,
                         "collectives": {"AllReduce_Sum_f32_RING_LL": 1}}
     assert summary["host"]["enqueue_ms_per_step"] == {"0": 7.0, "1": 7.0}
     assert summary["host"]["graph_launches_per_device_step"] == 2  # 8 launches / (2 steps x 2 devices)
-    assert trace_summary.busy([{"ts": 0, "dur": 5}, {"ts": 3, "dur": 5}, {"ts": 20, "dur": 1}]) == 9
+    assert report.busy([{"ts": 0, "dur": 5}, {"ts": 3, "dur": 5}, {"ts": 20, "dur": 1}]) == 9
+    tables, _ = report.trace(str(tmp_path / "profile"), gap_ms=2.5, min_kernels=1)
+    gpu0 = tables[0]["rows"][0]
+    assert gpu0["device"] == "/device:GPU:0" and gpu0["steps"] == 2 and gpu0["enqueue_ms"] == 7.0
+    assert gpu0["span_ms"]["mean"] == 5.0 and gpu0["nccl_ms"]["mean"] == 2.0
 
 
 def test_trace_summary_times_kernel_kinds_and_compares_two_traces(tmp_path, capsys):
     """Per step: the conv (2 ms), the fusion (2 ms) and the all-reduce (2 ms) by kind; a second trace
     whose conv takes 3 ms shows +1 ms of conv/matmul and names that kernel first."""
-    sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
-    import trace_summary
+    from benchmarks import report
     a, b = tmp_path / "a.json.gz", tmp_path / "b.json.gz"
     _trace(a)
     _trace(b)
@@ -88,10 +88,10 @@ def test_trace_summary_times_kernel_kinds_and_compares_two_traces(tmp_path, caps
             e["dur"] = 3000
     with gzip.open(b, "wt") as f:
         json.dump({"traceEvents": events}, f)
-    sa = trace_summary.summarise(trace_summary.load(str(a)), gap_ms=2.5, min_kernels=1)
+    sa = report.summarise_trace(report.load_trace(str(a)), gap_ms=2.5, min_kernels=1)
     assert sa["kinds_ms_per_step"]["/device:GPU:0"] == {"conv/matmul": 2.0, "other fusion": 2.0, "nccl": 2.0}
     assert sa["top_kernels_ms_per_step"]["/device:GPU:1"]["ncclDevKernel_AllReduce_Sum_f32_RING_LL"] == 2.0
-    trace_summary.main([str(a), "--compare", str(b), "--min_kernels=1"])
+    report.main(["trace", str(a), f"--compare={b}", "--min_kernels=1"])
     out = capsys.readouterr().out
-    assert "conv/matmul      A   2.000  B   3.000  B-A  +1.000" in out
-    assert out.split("differ most")[1].splitlines()[1].endswith("conv")
+    assert "| conv/matmul | 2.000 | 3.000 | +1.000 |" in out
+    assert out.split("differ most")[1].split("|---|---|---|---|")[1].splitlines()[1].startswith("| conv |")

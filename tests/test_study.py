@@ -1,4 +1,5 @@
-"""benchmarks/study.py: the plan format, the command each run gets, and the table from run files."""
+"""benchmarks/study.py (plans, the command each run gets, resuming, generated plans, packing) and the study
+report of benchmarks/report.py (seeds, failures, figures) on small run folders and the curated results."""
 
 import json
 import sys
@@ -8,8 +9,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-import study  # noqa: E402
+from benchmarks import report, study  # noqa: E402
 
 
 def write(path, text):
@@ -37,43 +37,57 @@ def test_plan_common_flags_order_and_errors(tmp_path, capsys):
         study.main([f"--plan={plan}", f"--out={tmp_path / 'out'}", "--only=zz", "--dry_run"])
 
 
-def test_summary_reads_history_metrics_linear_and_exit_codes(tmp_path):
+def _run(folder, history=(), **metrics):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "history.json").write_text(json.dumps(list(history)))
+    if metrics:
+        (folder / "metrics.json").write_text(json.dumps(metrics))
+    return folder
+
+
+def test_report_groups_seeds_counts_failures_and_reads_linear_and_exit_codes(tmp_path):
+    """Runs NAME, NAME-s1, ... are one configuration: mean and sample std over the seeds that finished;
+    collapsed, diverged, a failed phase and a finish below raw pixels are failures; a SIGTERM (a time limit)
+    leaves a run unfinished, not failed."""
     out = tmp_path / "out"
-    done, failed = out / "done", out / "failed"
-    done.mkdir(parents=True)
-    failed.mkdir()
-    history = [{"epoch": e, "step_seconds": 2.0 if e > 1 else 30.0, "embedding_std": 0.06, "wall_seconds": 10.0 * e,
-                **({"knn_top1": round(0.8 + e / 1000, 3)} if e % 25 == 0 else {})} for e in range(1, 51)]
-    (done / "history.json").write_text(json.dumps(history))
-    (done / "metrics.json").write_text(json.dumps({"status": "finished", "steps": 50 * 10, "knn_top1": 0.85}))
-    (done / "linear_eval.json").write_text(json.dumps({"linear[fashion_mnist, labels=100%]": {"top1": 0.91}}))
-    (done / "exits.json").write_text(json.dumps({"train": 0, "linear_eval": 0}))
-    (failed / "exits.json").write_text(json.dumps({"train": 1}))
-    rows = study.summarise(str(out), [("done", ["--batch_size=512"]), ("failed", []), ("never", [])])
-    row = rows[0]
-    assert (row["knn@25"], row["knn@50"], row["knn@100"]) == (0.825, 0.85, None)
-    assert row["knn_final"] == 0.85 and row["linear_top1"] == 0.91 and row["status"] == "finished"
-    assert row["images_per_second"] == round(49 * 10 * 512 / (49 * 2.0))  # epochs 2.. only
-    assert row["wall_seconds"] == 500.0
-    assert rows[1]["status"] == "train exit 1" and rows[2]["status"] == "not started"
-    table = study.markdown(rows)
-    assert table.splitlines()[2].startswith("| done | 50 |") and "0.8250" in table
+    curve = [{"epoch": e, "knn_top1": 0.80 + e / 1000} for e in (25, 50)]
+    _run(out / "a", curve, status="finished", knn_top1=0.85, raw_pixel_knn_top1=0.79, epochs=50)
+    (out / "a" / "linear_eval.json").write_text(json.dumps({"linear[fashion_mnist, labels=100%]": {"top1": 0.91}}))
+    _run(out / "a-s1", curve, status="finished", knn_top1=0.87, raw_pixel_knn_top1=0.79, epochs=50)
+    _run(out / "a-s2", curve[:1], status="collapsed", epoch=12, raw_pixel_knn_top1=0.79)
+    _run(out / "a-s3", curve, status="finished", knn_top1=0.70, raw_pixel_knn_top1=0.79, below_raw_pixel_baseline=True)
+    _run(out / "a-s4", curve[:1])  # started, stopped: unfinished
+    (out / "a-s4" / "exits.json").write_text(json.dumps({"train": 143}))
+    _run(out / "b", curve, status="finished", knn_top1=0.8)
+    (out / "b" / "exits.json").write_text(json.dumps({"train": 0, "linear_eval": 1}))
+    tables, runs = report.study([str(out)], at=(25,), per_run=True)
+    rows = {r["configuration"]: r for r in tables[0]["rows"]}
+    a = rows["a"]
+    assert (a["n"], a["failed"], a["unfinished"]) == (4, 2, 1)
+    assert a["knn"]["mean"] == pytest.approx(0.86) and a["knn"]["std"] == pytest.approx(0.01414, abs=1e-5)
+    assert a["knn@25"]["mean"] == pytest.approx(0.825) and a["linear"] == {"mean": 0.91, "std": None, "n": 1,
+                                                                          "min": 0.91, "max": 0.91}
+    assert a["why"] == "a-s2: collapsed @12; a-s3: below raw pixels (0.7000)"
+    assert rows["b"]["failed"] == 1 and rows["b"]["why"] == "b: linear_eval exit 1"
+    per_run = {r["name"]: r["status"] for r in tables[1]["rows"]}
+    assert per_run["a-s4"] == "train exit 143" and per_run["a"] == "finished"
+    text = report.markdown(tables)
+    assert "| a | " in text and "0.8600 ± 0.0141" in text and "a-s2: collapsed @12" in text
 
 
-def test_summary_of_a_resumed_run_sums_its_invocations(tmp_path):
-    """A run stopped at epoch 30 and resumed: ``wall_seconds`` restarts with the second process."""
-    folder = tmp_path / "out" / "resumed"
-    folder.mkdir(parents=True)
-    first = [{"epoch": e, "step_seconds": 30.0 if e == 1 else 2.0, "wall_seconds": 10.0 * e} for e in range(1, 31)]
-    second = [{"epoch": e, "step_seconds": 25.0 if e == 31 else 4.0, "wall_seconds": 12.0 * (e - 30)}
-              for e in range(31, 51)]
-    (folder / "history.json").write_text(json.dumps(first + second))
-    (folder / "metrics.json").write_text(json.dumps({"status": "finished", "steps": 50 * 10}))
-    row = study.summarise(str(tmp_path / "out"), [("resumed", ["--batch_size=100"])])[0]
-    assert row["invocations"] == 2 and row["epochs_done"] == 50
-    assert row["wall_seconds"] == 300.0 + 240.0
-    # epochs 2-30 (29 x 2 s) and 32-50 (19 x 4 s): the two compiles left out
-    assert row["images_per_second"] == round(48 * 10 * 100 / (29 * 2.0 + 19 * 4.0))
+def test_report_reads_several_results_and_keeps_a_finished_run_over_an_unfinished_one(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    _run(old / "a", [{"epoch": 50, "knn_top1": 0.80}], status="finished", knn_top1=0.80)
+    _run(new / "a", [{"epoch": 20, "knn_top1": 0.7}])  # a rerun still going
+    _run(new / "a-s1", [{"epoch": 50, "knn_top1": 0.82}], status="finished", knn_top1=0.82)
+    packed = tmp_path / "packed.json"
+    packed.write_text(json.dumps({"plan": "p.plan", "date": "2026-11-27",
+                                  "runs": {"a-s2": report.pack_run(str(_run(tmp_path / "x" / "a-s2", [
+                                      {"epoch": 50, "knn_top1": 0.84}], status="finished", knn_top1=0.84)), "H200")}}))
+    tables, _ = report.study([str(new), str(old), str(packed)])
+    row = tables[0]["rows"][0]
+    assert row["n"] == 3 and row["knn"]["mean"] == pytest.approx(0.82) and row["knn"]["std"] == pytest.approx(0.02)
+    assert row["card"] == "H200" and row["date"] == "2026-11-27"
 
 
 def test_per_gpu_runs_share_a_gpu_at_once_with_a_memory_share(tmp_path):
@@ -94,43 +108,20 @@ def test_per_gpu_runs_share_a_gpu_at_once_with_a_memory_share(tmp_path):
     assert spans["b"][0] < spans["a"][1] and spans["a"][0] < spans["b"][1]  # a and b at once
     assert spans["c"][0] >= min(spans["a"][1], spans["b"][1]) - 0.05  # c waits for a free slot
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert [r["status"] for r in summary["rows"]] == ["not started"] * 3  # no run folder written: no history
+    assert [r["status"] for r in summary["tables"][-1]["rows"]] == ["not started"] * 3  # no history written
 
 
-def test_seeds_aggregate_mean_and_sample_std_of_finished_runs(tmp_path):
-    old, new = tmp_path / "old", tmp_path / "new"
-    for folder, name, knn in ((old, "a", 0.80), (new, "a-s1", 0.82), (new, "a-s2", 0.84), (new, "b", 0.7)):
-        (folder / name).mkdir(parents=True)
-        (folder / name / "history.json").write_text(json.dumps([{"epoch": 50, "knn_top1": knn}]))
-        (folder / name / "metrics.json").write_text(json.dumps({"status": "finished", "knn_top1": knn}))
-    (new / "a-s3").mkdir()  # started, never finished: not counted
-    (new / "a-s3" / "history.json").write_text(json.dumps([{"epoch": 1}]))
-    plan = write(tmp_path / "p.plan", "a --seed=0\na-s1 --seed=1\na-s2 --seed=2\na-s3 --seed=3\nb --x=1\n")
-    study.main([f"--plan={plan}", f"--out={new}", f"--also={old}", "--summary_only", "--seeds"])
-    entries = {e["name"]: e for e in json.loads((new / "summary.json").read_text())["seeds"]}
-    a = entries["a"]
-    assert a["seeds"] == 3 and a["runs"] == ["a", "a-s1", "a-s2"]  # seed 0 read from --also
-    assert a["knn@50"]["mean"] == pytest.approx(0.82) and a["knn@50"]["std"] == pytest.approx(0.02)
-    assert entries["b"]["knn_final"]["std"] is None and entries["b"]["seeds"] == 1
-    assert "0.8200 ± 0.0200 (3)" in (new / "summary.md").read_text()
-
-
-def test_study_plots_mean_curve_over_seeds(tmp_path):
-    import study_plots
-    folders = []
-    for i, values in enumerate(([0.5, 0.6, 0.7], [0.7, 0.8, 0.9])):
-        folder = tmp_path / f"s{i}"
-        folder.mkdir()
-        history = [{"epoch": e + 1, **({"knn_top1": v} if v is not None else {})} for e, v in enumerate(values)]
-        history.append({"epoch": 4, "knn_top1": 0.95} if i == 0 else {"epoch": 4})  # epoch 4: one run only
-        (folder / "history.json").write_text(json.dumps(history))
-        folders.append(str(folder))
-    epochs, means, stds = study_plots.mean_curve(folders, "knn_top1")
-    assert epochs == [1, 2, 3]
-    assert means == pytest.approx([0.6, 0.7, 0.8]) and stds == pytest.approx([0.1414214] * 3)
-    out = tmp_path / "plot.png"
-    study_plots.main([f"--out={out}", "A=" + ",".join(folders), f"B={folders[0]}"])
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_mean_curve_over_the_seeds_that_finished_at_the_epochs_all_of_them_have():
+    runs = {"a": {"status": "finished", "metrics": {}, "history": [{"epoch": 1, "knn_top1": 0.5},
+                                                                 {"epoch": 2, "knn_top1": 0.6}, {"epoch": 3, "knn_top1": 0.9}]},
+            "a-s1": {"status": "finished", "metrics": {}, "history": [{"epoch": 1, "knn_top1": 0.7},
+                                                                    {"epoch": 2, "knn_top1": 0.8}]},
+            "a-s2": {"status": "diverged", "metrics": {}, "history": [{"epoch": 1, "knn_top1": 0.1}]}}
+    epochs, means, stds, seeds = report.curve(runs, "a", "knn_top1")
+    assert epochs == [1, 2] and seeds == 2
+    assert means == pytest.approx([0.6, 0.7]) and stds == pytest.approx([0.1414214] * 2)
+    assert report.curve(runs, "a", "knn_top1", one=True)[0] == [1, 2, 3]
+    assert report.curve(runs, "zz", "knn_top1") is None
 
 
 def test_exit_codes_of_training_and_linear_evaluation_are_both_kept(tmp_path):
@@ -143,7 +134,7 @@ def test_exit_codes_of_training_and_linear_evaluation_are_both_kept(tmp_path):
                 f"--runs_dir={tmp_path / 'runs'}", "--linear_eval=--augment_on=device"])
     assert json.loads((tmp_path / "out" / "a" / "exits.json").read_text()) == {"train": 0, "linear_eval": 3}
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["rows"][0]["status"] == "linear_eval exit 3"
+    assert summary["tables"][-1]["rows"][0]["status"] == "linear_eval exit 3"
 
 
 @pytest.mark.parametrize("plan", sorted((REPO_ROOT / "benchmarks" / "study").glob("*.plan")), ids=lambda p: p.name)
@@ -175,60 +166,11 @@ def test_a_study_sharing_its_out_folder_with_another_summarises_both(tmp_path):
         study.main([f"--plan={plan}", f"--out={out}", "--gpus=0", f"--python={fake}", f"--only={name}",
                     f"--runs_dir={tmp_path / 'runs'}"])
     summary = json.loads((out / "summary.json").read_text())
-    assert [r["name"] for r in summary["rows"]] == ["a", "b"]  # c: no folder, not asked for
+    assert [r["name"] for r in summary["tables"][-1]["rows"]] == ["a", "b"]  # c: no folder, not asked for
     assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]
     # --summary_only with --only still gives exactly the runs asked for
     study.main([f"--plan={plan}", f"--out={out}", "--only=b", "--summary_only"])
-    assert [r["name"] for r in json.loads((out / "summary.json").read_text())["rows"]] == ["b"]
-
-
-def test_study_chains_run_each_gpus_runs_in_order_and_skip_what_the_time_left_cannot_start(tmp_path):
-    """benchmarks/study_chains.sh: one chain per line, its runs one after the other on its GPU (a fake
-    interpreter records each call), every run of both chains in the shared summary; with less time left
-    than MIN_START, nothing starts and each chain says so."""
-    import os
-    import re
-    import subprocess
-    calls = tmp_path / "calls.txt"
-    fake = tmp_path / "fake-python"
-    fake.write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES $*\" >> {calls}\n")
-    fake.chmod(0o755)
-    plan = write(tmp_path / "p.plan", "a --seed=1\nb --seed=2\nc --seed=3\n")
-    chains = write(tmp_path / "chains.txt", f"# gpu, then its runs\n0 {plan}:a {plan}:b\n1 {plan}:c  # one run\n")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", STUDY_PYTHON=str(fake),
-               RES=str(tmp_path / "res"), RUNS_DIR=str(tmp_path / "runs"), T="600")
-    env.pop("OUT", None)
-
-    def chains_call(**extra):
-        subprocess.run(["bash", "benchmarks/study_chains.sh", str(chains)], cwd=REPO_ROOT, env={**env, **extra},
-                       check=True, capture_output=True, timeout=120)
-        lines = calls.read_text().splitlines() if calls.exists() else []
-        trains = [(line.split()[0], re.search(r"--run_name=(\w+)", line).group(1)) for line in lines
-                  if "uniclr_tf.train" in line]
-        return trains, sum("uniclr_tf.linear_eval" in line for line in lines)
-
-    trains, linear = chains_call()
-    assert [t for t in trains if t[0] == "0"] == [("0", "a"), ("0", "b")]  # a, then b, on GPU 0
-    assert [t for t in trains if t[0] == "1"] == [("1", "c")]
-    assert linear == 3  # each run followed by its linear evaluation
-    summary = json.loads((tmp_path / "res" / "p" / "summary.json").read_text())
-    assert sorted(r["name"] for r in summary["rows"]) == ["a", "b", "c"]  # both chains' runs
-    assert (tmp_path / "res" / "gpu-call1.txt").exists()
-    # a second call with less time left than MIN_START: nothing starts, each chain says so
-    assert chains_call(T="50") == (trains, linear)
-    log0 = (tmp_path / "res" / "chain0.log").read_text()
-    assert "call 2, gpu 0: a not started" in log0 and "call 2, gpu 0: b not started" in log0
-
-
-@pytest.mark.parametrize("chains", sorted((REPO_ROOT / "benchmarks" / "study").rglob("*.chains"))
-                         + sorted((REPO_ROOT / "benchmarks" / "study").rglob("chains.txt")), ids=lambda p: p.name)
-def test_every_item_of_a_shipped_chains_file_is_a_run_of_its_plan(chains):
-    for line in chains.read_text().splitlines():
-        words = line.split("#")[0].split()
-        for item in words[1:]:
-            plan, name = item.split(":")
-            _, runs = study.read_plan(REPO_ROOT / "benchmarks" / "study" / f"{plan}.plan")
-            assert name in dict(runs), (chains.name, item)
+    assert [r["name"] for r in json.loads((out / "summary.json").read_text())["tables"][-1]["rows"]] == ["b"]
 
 
 def _stand_in_python(path, calls, body):
@@ -242,83 +184,99 @@ def _stand_in_python(path, calls, body):
 
 
 def _recording_python(path, calls):
-    """A stand-in for the plots' interpreter: records each study_plots.py call (one line) and draws nothing."""
-    path.write_text(f"#!/bin/sh\n{{ printf '%s\\037' \"$@\"; echo; }} >> {calls}\n")  # arguments split by \\x1f
+    """A stand-in for the figures' interpreter: records each call (arguments split by \\x1f) and draws nothing."""
+    path.write_text(f"#!/bin/sh\n{{ printf '%s\\037' \"$@\"; echo; }} >> {calls}\n")
     path.chmod(0o755)
     return path
 
 
-def _plot_calls(calls):
-    """``{picture name: [curve spec, ...]}`` from the recorded study_plots.py calls."""
-    plots = {}
-    for line in calls.read_text().splitlines():
-        words = line.split("\x1f")[:-1]
-        out = next((w for w in words if w.startswith("--out=")), None)
-        if out is None:  # reproduce.sh's check for matplotlib
-            continue
-        plots[Path(out.split("=", 1)[1]).name] = [w for w in words[1:] if not w.startswith("--")]
-    return plots
+@pytest.mark.parametrize("kind", ["robustness", "full_schedule"])
+def test_the_generated_plans_are_current_and_cover_every_shipped_gpu_config(kind):
+    """benchmarks/study/robustness.plan and full_schedule.plan are what `python -m benchmarks.study plan KIND`
+    prints from configs/ now: every shipped GPU config (not the CPU quickstarts), a config that only points
+    to another sharing that one's runs."""
+    assert (REPO_ROOT / "benchmarks" / "study" / f"{kind}.plan").read_text() == study.generated_plan(kind)
+    configs = study.shipped_configs()
+    assert "configs/simaffinity.flags" in configs and not any("quickstart" in c for c in configs)
+    assert len(configs) == len(set(configs)) >= 18
+    _, runs = study.read_plan(REPO_ROOT / "benchmarks" / "study" / f"{kind}.plan")
+    names = {name for name, _ in runs}
+    assert study.alias_of("configs/methods/simaffinity.flags", configs) == "configs/simaffinity.flags"
+    assert not any("methods.simaffinity-" in n for n in names)  # its runs are configs/simaffinity.flags'
+    assert len(runs) == study.SEEDS[kind] * sum(1 for c in configs if not study.alias_of(c, configs))
+    assert study.run_name("configs/paper/fashion_mnist_simtrace.flags", 2) == "paper.fashion_mnist_simtrace-s2"
+    with pytest.raises(SystemExit, match="one of"):
+        study.generated_plan("nope")
 
 
-PICTURES = {"recipe-200.png", "recipe-mc4-seeds.png", "claim-a-methods-200.png", "claim-a-methods-200-zoom.png",
-            "claim-a-seeds-200.png", "claim-a-ema-seeds-200.png", "claim-uniclr-seeds-200.png", "claim-a-methods.png",
-            "claim-bc-simaffinity.png", "claim-b-simclr.png", "claim-c-simwhitening.png", "claim-d-simtrace.png",
-            "claim-d-rank.png", "claim-d-std.png"}
+def test_the_robustness_report_counts_each_config_s_failures(tmp_path):
+    """The robustness check's table: per config, the seeds run and failed (collapsed, below raw pixels), a
+    run stopped by the time limit not counted."""
+    config = "configs/simaffinity.flags"
+    written = {0: {"status": "finished", "knn_top1": 0.86}, 1: {"status": "collapsed", "epoch": 10},
+               2: {"status": "finished", "knn_top1": 0.70, "below_raw_pixel_baseline": True},
+               3: {"status": "interrupted", "epoch": 12}}  # the time limit: resumes on the next call
+    for seed, metrics in written.items():
+        _run(tmp_path / study.run_name(config, seed), [{"epoch": 5, "knn_top1": 0.8}], raw_pixel_knn_top1=0.7881,
+             **metrics)
+    tables, _ = report.study([str(tmp_path)])
+    row = tables[0]["rows"][0]
+    assert (row["configuration"], row["n"], row["failed"], row["unfinished"]) == ("simaffinity", 3, 2, 1)
+    assert row["why"] == "simaffinity-s1: collapsed @10; simaffinity-s2: below raw pixels (0.7000)"
+    assert row["knn"]["mean"] == 0.86 and row["knn"]["n"] == 1
 
 
-def test_plots_script_finds_every_curve_of_the_reproduction_page_among_the_kept_runs(tmp_path):
-    """benchmarks/study/plots.sh over the curated runs (benchmarks/results/*/runs.json): every picture
-    docs/results/reproduction.md shows is drawn, no configuration is missing, a seed that did not finish is
-    left out of its mean."""
-    import os
-    import subprocess
-    calls = tmp_path / "calls.txt"
-    env = dict(os.environ, PYTHON=str(_recording_python(tmp_path / "py", calls)), PLOTS=str(tmp_path / "plots"))
-    env.pop("DIRS", None)
-    result = subprocess.run(["bash", "benchmarks/study/plots.sh"], cwd=REPO_ROOT, env=env, capture_output=True,
-                            text=True, timeout=120, check=True)
-    assert result.stderr == ""  # no "no finished run of ..."
-    plots = _plot_calls(calls)
-    assert set(plots) == PICTURES
+def test_pack_keeps_a_plan_s_runs_small_and_the_report_reads_them_as_it_reads_the_folders(tmp_path):
+    plan = write(tmp_path / "p.plan", "a --seed=0\na-s1 --seed=1\nb --seed=2\n")
+    early, late = tmp_path / "h200-early", tmp_path / "late"
+    _run(early / "a", [{"epoch": 5, "knn_top1": 0.7, "effective_rank": 10.0, "loss": 3.0}], status="finished",
+         knn_top1=0.7, raw_pixel_knn_top1=0.6, seconds={"fit": 9.0})
+    _run(late / "a", [{"epoch": 2, "knn_top1": 0.5}])  # stopped: the finished one above is kept
+    _run(late / "a-s1", [{"epoch": 5, "knn_top1": 0.8}], status="finished", knn_top1=0.8, raw_pixel_knn_top1=0.6)
+    (late / "a-s1" / "linear_eval.json").write_text(json.dumps({"linear[x, labels=100%]": {"top1": 0.9, "n": 1}}))
+    out = tmp_path / "packed.json"
+    study.main(["pack", f"--plan={plan}", f"--out={out}", str(late), str(early)])
+    packed = json.loads(out.read_text())
+    assert set(packed["runs"]) == {"a", "a-s1"} and packed["plan"].endswith("p.plan") and packed["date"]
+    a = packed["runs"]["a"]
+    assert a["card"] == "H200" and a["history"] == [{"epoch": 5, "knn_top1": 0.7, "effective_rank": 10.0}]
+    assert "seconds" not in a["metrics"] and packed["runs"]["a-s1"]["linear"] == {"linear[x, labels=100%]": {"top1": 0.9}}
+    from_folders, _ = report.study([str(early), str(late)], only={"a", "a-s1"})
+    from_packed, _ = report.study([str(out)])
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("card", "date")} for r in rows]
+    assert strip(from_packed[0]["rows"]) == strip(from_folders[0]["rows"])
+
+
+PICTURES = {"recipe-mc4-seeds.png", "claim-a-methods-200-zoom.png", "claim-a-ema-seeds-200.png",
+            "claim-bc-simaffinity.png", "knn-new-methods.png"}
+
+
+def test_the_curated_results_draw_every_figure_of_the_reproduction_page(tmp_path):
+    """benchmarks/results/study/*.json (one per plan, packed): each is the plan it names and holds only its
+    runs; the report draws every figure docs/results/reproduction.md shows from them, and the page shows
+    the pictures kept beside them."""
+    curated = sorted((REPO_ROOT / "benchmarks" / "results" / "study").glob("*.json"))
+    assert len(curated) >= 8
+    for path in curated:
+        data = json.loads(path.read_text())
+        assert data["plan"] == f"benchmarks/study/{path.stem}.plan" and data["date"], path.name
+        _, runs = study.read_plan(REPO_ROOT / data["plan"])
+        assert set(data["runs"]) <= {name for name, _ in runs}, path.name
+    pytest.importorskip("matplotlib")
+    drawn = report.plots(report.load_runs([str(p) for p in curated]), str(tmp_path))
+    assert {Path(p).name for p in drawn} == set(report.FIGURES) == PICTURES
     reproduction = (REPO_ROOT / "docs" / "results" / "reproduction.md").read_text()
-    for path in sorted((REPO_ROOT / "benchmarks" / "results").glob("*/*.png")):
-        if path.name in PICTURES:
-            assert f"(../../benchmarks/results/{path.parent.name}/{path.name})" in reproduction, path.name
-    assert {p.name for p in (REPO_ROOT / "benchmarks" / "results").glob("*/*.png")} >= PICTURES
-    curves = dict(spec.split("=", 1) for spec in plots["claim-d-simtrace.png"])
-    assert len(curves["SimTrace alone"].split(",")) == 3
-    tricks = curves["+ predictor + EMA"].split(",")  # seed 2 diverged: two folders, neither of them its own
-    assert len(tricks) == 2 and not any(t.endswith("simtrace-tricks-s2") for t in tricks)
-    one_seed = dict(spec.split("=", 1) for spec in plots["claim-a-methods-200.png"])
-    assert all("," not in folders for folders in one_seed.values())
-
-
-def test_curated_runs_unpack_to_the_summaries_kept_beside_them(tmp_path):
-    """benchmarks/results/STUDY/runs.json (the per-run curves the plots read) agrees with the summary.json
-    beside it: the same runs, statuses, final kNN and linear top-1; pack(unpack(x)) gives x back."""
-    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    import study_runs
-    for name, plan in (("recipe", "recipe"), ("methods", "methods200"), ("ablations", "claims")):
-        folder = REPO_ROOT / "benchmarks" / "results" / name
-        kept = json.loads((folder / "runs.json").read_text())
-        assert kept["plan"] == f"benchmarks/study/{plan}.plan"
-        rows = {r["name"]: r for r in json.loads((folder / "summary.json").read_text())["rows"]}
-        for run, data in kept["runs"].items():
-            assert rows[run]["status"] == data["status"], run
-            assert rows[run]["knn_final"] == data["metrics"].get("knn_top1"), run
-            linear = [v["top1"] for v in data["linear"].values()]
-            assert rows[run]["linear_top1"] == (linear[0] if linear else None), run
-        study_runs.unpack(folder / "runs.json", tmp_path / name)
-        again = study_runs.pack(str(REPO_ROOT / kept["plan"]), [str(tmp_path / name)])
-        assert {k: {**v, "card": None} for k, v in again["runs"].items()} == \
-            {k: {**v, "card": None, "epochs_done": again["runs"][k]["epochs_done"]} for k, v in kept["runs"].items()}
+    for name in PICTURES:
+        assert (REPO_ROOT / "benchmarks" / "results" / "study" / name).exists(), name
+        assert f"(../../benchmarks/results/study/{name})" in reproduction, name
 
 
 def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_results(tmp_path):
     """benchmarks/study/reproduce.sh with a stand-in interpreter whose "training" writes a finished run:
-    every run of the three plans trains once and is evaluated, each plan gets its table with seeds, the
-    plots read the new results folder, not the kept runs; a second call starts nothing again; with no time
-    left, nothing starts and the exit status says runs remain."""
+    every run of the three plans trains once and is evaluated, each plan gets its report with seeds, the
+    figures are drawn from the new results folders, not the curated ones; a second call starts nothing
+    again; with no time left, nothing starts and the exit status says runs remain; a generated plan runs
+    without linear evaluation when asked."""
     import os
     import subprocess
     calls, plot_calls = tmp_path / "calls.txt", tmp_path / "plot-calls.txt"
@@ -348,16 +306,15 @@ def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_re
     assert len(trained) == sum(len(runs) for runs in plans.values())  # each run once
     assert sum("uniclr_tf.linear_eval" in line for line in lines) == len(trained)
     for plan, runs in plans.items():
-        summary = json.loads((res / plan / "summary.json").read_text())
-        assert {r["name"]: r["status"] for r in summary["rows"]} == {name: "finished" for name, _ in runs}
+        tables = json.loads((res / plan / "summary.json").read_text())["tables"]
+        assert {r["name"]: r["status"] for r in tables[-1]["rows"]} == {name: "finished" for name, _ in runs}
         assert json.loads((res / plan / runs[0][0] / "exits.json").read_text()) == {"train": 0, "linear_eval": 0}
         assert f"{res / plan}/summary.md (0 runs of {plan} not finished)" in first.stdout
-    seeds = {e["name"]: e["seeds"] for e in json.loads((res / "claims" / "summary.json").read_text())["seeds"]}
+    seeds = {r["configuration"]: r["n"] for r in json.loads((res / "claims" / "summary.json").read_text())["tables"][0]["rows"]}
     assert seeds["aff-t0.1-g0.01"] == 3 and seeds["whiten-t1-g0"] == 3
-    plots = _plot_calls(plot_calls)
-    assert set(plots) == PICTURES
-    folders = [f for specs in plots.values() for spec in specs for f in spec.split("=", 1)[1].split(",")]
-    assert folders and all(f.startswith(str(res)) for f in folders)
+    drawn = [line.split("\x1f")[:-1] for line in plot_calls.read_text().splitlines() if "benchmarks.report" in line]
+    assert len(drawn) == 1 and f"--plots={res}/plots" in drawn[0]
+    assert [w for w in drawn[0] if w.startswith(str(res)) and "plots" not in w] == [str(res / p) for p in plans]
 
     # again: every run finished with the same command, so nothing is launched
     again = reproduce(res)
@@ -371,6 +328,14 @@ def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_re
     failing = _stand_in_python(tmp_path / "failing-python", calls, evaluates + "case $n in simclr) exit 1 ;; esac\n" + trains)
     failed = reproduce(tmp_path / "fail", STUDY_PYTHON=str(failing))
     assert failed.returncode == 3 and "reproduce: simclr: train exit 1" in failed.stdout, failed.stdout
+    # the robustness check: a generated plan, two runs a GPU slot, no linear evaluation
+    before = len(calls.read_text().splitlines())
+    checked = reproduce(tmp_path / "robust", PLANS="robustness", PER_GPU="2", LINEAR_EVAL="none")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    new = calls.read_text().splitlines()[before:]
+    assert len(new) == len(study.read_plan(REPO_ROOT / "benchmarks" / "study" / "robustness.plan")[1])
+    assert not any("uniclr_tf.linear_eval" in line for line in new)
+    assert reproduce(tmp_path / "nope", PLANS="nope").returncode == 2
 
 
 def test_a_finished_run_is_not_relaunched_unless_its_command_changed(tmp_path):
