@@ -176,3 +176,22 @@ def test_a_flat_config_json_and_flags_txt_written_before_still_load_and_resume(t
         train.prepare_run_folder(changed, str(run_dir))
     folder = runs.RunFolder(str(run_dir))  # what evaluation and export read of it
     assert folder.objective == "simtrace" and folder.config["batch_size"] == 256
+
+
+def test_a_run_made_before_a_default_changed_resumes_with_its_own_value(tmp_path, capsys):
+    """--batch_norm's default became global_one_pass: a run folder made with the old default (global)
+    resumes with global, says so in one line, and is not refused for other flags; a value given that
+    differs from both still is, and --overwrite starts over with the new default."""
+    from uniclr_tf.training import cli
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    old = TrainConfig().replace(batch_norm="global")
+    (run_dir / "config.json").write_text(old.to_json())
+    kept = cli.keep_changed_defaults(TrainConfig(), str(run_dir))
+    assert kept.system.batch_norm == "global" and not kept.differences(old)
+    assert "started with --batch_norm=global" in capsys.readouterr().out
+    other = TrainConfig().replace(batch_norm="per_device")
+    assert cli.keep_changed_defaults(other, str(run_dir)).differences(old) == [("batch_norm", "per_device", "global")]
+    fresh = TrainConfig().replace(overwrite=True)
+    assert cli.keep_changed_defaults(fresh, str(run_dir)).system.batch_norm == "global_one_pass"
+    assert cli.keep_changed_defaults(TrainConfig(), str(tmp_path / "none")).system.batch_norm == "global_one_pass"

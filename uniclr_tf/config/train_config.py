@@ -258,13 +258,14 @@ class SystemConfig(_Section):
                          choices=STRATEGIES)
     gather_across_replicas: bool = flag(True, "Gather embeddings across replicas (global negatives/covariance); "
                                               "--nogather_across_replicas keeps them per replica (authors' code).")
-    batch_norm: str = flag("global", "Batch-norm statistics over several devices: global (the whole batch: "
-                                     "synchronized BN on TF; on JAX the mean, then the variance), "
-                                     "per_device (each device's share, as PyTorch DDP without SyncBN; no BN traffic "
-                                     "between devices) or global_one_pass (the whole batch, E[x] and E[x^2] from one "
-                                     "pass and a hand-written backward: on JAX one combined all-reduce per BN layer "
-                                     "forward and one backward instead of two dependent ones each, and fewer passes "
-                                     "over the activations; the fastest on GPUs). One device: the same statistics.",
+    batch_norm: str = flag("global_one_pass", "Batch-norm statistics over the batch: global_one_pass (the default: "
+                                     "the whole batch, E[x] and E[x^2] from one pass and a hand-written backward; on "
+                                     "JAX one combined all-reduce per BN layer forward and one backward, and fewer "
+                                     "passes over the activations: the fastest on GPUs, and as accurate as global "
+                                     "over seeds; on TF it is computed as global), global (the whole batch: "
+                                     "synchronized BN on TF; on JAX the mean, then the variance) or per_device (each "
+                                     "device's share, as PyTorch DDP without SyncBN; no BN traffic between devices). "
+                                     "One device: the same statistics.",
                                      choices=BATCH_NORMS)
     tpu: str = flag("", "TPU name or grpc:// address for --strategy=tpu.")
     jit_compile: bool = flag(False, "Compile the train step with XLA on TF (JAX always jits).")

@@ -140,6 +140,32 @@ def check_writable(folder):
         raise UsageError(f"--run_dir={folder}: cannot create or write there ({e.strerror or e})") from None
 
 
+#: Settings whose default changed, with the default they had before: a run folder made with the old
+#: default resumes with it (its config.json says so), not with the new one.
+CHANGED_DEFAULTS = {"batch_norm": "global"}
+
+
+def keep_changed_defaults(cfg, run_dir):
+    """``cfg``, where a setting of :data:`CHANGED_DEFAULTS` has its new default while the run in ``run_dir``
+    was made with the old one, set back to the run's value (with a one-line note), so rerunning an
+    older run's command resumes it instead of being refused for other flags."""
+    config_path = os.path.join(run_dir, "config.json")
+    if cfg.invocation.overwrite or not os.path.isfile(config_path):
+        return cfg
+    try:
+        with open(config_path) as f:
+            old = dict(TrainConfig.from_json(f.read()).flag_items())
+    except (OSError, ValueError, TypeError):
+        return cfg  # prepare_run_folder says what is wrong with it
+    mine, default = dict(cfg.flag_items()), dict(TrainConfig().flag_items())
+    kept = {name: old[name] for name, before in CHANGED_DEFAULTS.items()
+            if old.get(name) == before and mine.get(name) == default.get(name) != before}
+    for name, value in kept.items():
+        print(f"note: {run_dir} was started with --{name}={value}, the default then; it resumes with it",
+              flush=True)
+    return cfg.replace(**kept) if kept else cfg
+
+
 def prepare_run_folder(cfg, run_dir):
     """Decides what to do with ``run_dir``: returns ``("new", None)``, ``("resume", state or None)`` or
     ``("finished", metrics)``; raises ValueError when it holds a run with other flags (unless
@@ -391,8 +417,8 @@ def _open_run_folder(ctx, held):
     from uniclr_tf.training import backup
     from uniclr_tf.training import distribute
     from uniclr_tf.training import runs
-    cfg = ctx.cfg
-    run_dir = ctx.run_dir = run_path(cfg)
+    run_dir = ctx.run_dir = run_path(ctx.cfg)
+    cfg = ctx.cfg = keep_changed_defaults(ctx.cfg, run_dir)
     if ctx.chief:
         held.enter_context(runs.RunLock(run_dir))  # one process at a time; the others see who holds it
         status, found = prepare_run_folder(cfg, run_dir)
