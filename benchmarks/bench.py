@@ -16,10 +16,10 @@ every repetition ends by waiting for the device, so asynchronous dispatch is cou
   ``benchmarks/torch_r50_peer.py`` is its PyTorch peer at 224 px. ``--devices=N``: the step data-parallel
   over N devices (keras.distribution.DataParallel), ``--batch_size`` the global batch; with
   ``--num_processes=N --process_id=i --coordinator_address=HOST:PORT`` the same step as a JAX job of N
-  processes (one GPU each: ``PROCS=N bash benchmarks/gpu/r50_peer.sh`` starts them), process 0 writing.
+  processes (one GPU each: ``PROCS=N bash benchmarks/speed.sh r50`` starts them), process 0 writing.
 * (b) ``b_host_aug``: end to end with the views made on the host. TensorFlow backend:
   ``data.pretrain_dataset`` with the ``ViewAugmenter`` mapped in tf.data (exactly what
-  ``train --augment_on=host`` runs). JAX backend (no TensorFlow on the GPU machine): the same
+  ``train --augment_on=host`` runs). JAX backend (no TensorFlow needed): the same
   ``ViewAugmenter``, jitted on JAX's CPU device, run by ``--host_workers`` threads (each with its
   own random stream) that gather shuffled uint8 batches, augment them on the CPU and copy the views
   to the accelerator through a bounded queue. The pipeline alone is also timed.
@@ -39,9 +39,9 @@ the step is synchronous, so that time is lost; under JAX dispatch is asynchronou
 with the device's previous step: the real input cost there is ``1 − ratio`` to section (a).
 
 Data: ``fashion_mnist`` (28×28×1, real); for a 3-channel shape the images are zero-padded to the
-size and the grey channel is repeated (there is no CIFAR-10 offline); ``synthetic``: uniform random
+size and the grey channel is repeated (CIFAR-10 needs a download); ``synthetic``: uniform random
 uint8. The bench imports TensorFlow itself only on the TensorFlow backend (tf.data), so it runs
-where TensorFlow is absent (the GPU machines); where it is installed, ``keras.utils.set_random_seed``
+where TensorFlow is absent (a GPU machine with JAX only); where it is installed, ``keras.utils.set_random_seed``
 imports it to seed it, whatever the backend.
 
 Results of the GPU and CPU runs: ``docs/results/speed.md``.
@@ -108,7 +108,7 @@ def define_flags():
     flags.DEFINE_integer("process_id", 0, "With --num_processes > 1: this process's index in [0, N).")
     flags.DEFINE_string("profile_dir", "", "After section a's timed steps, trace --profile_steps more steps with "
                         "the backend's profiler into this folder (process i of a job: its process-i subfolder), "
-                        "as the train CLI's --profile_steps does: benchmarks/trace_summary.py FOLDER summarises it.")
+                        "as the train CLI's --profile_steps does: python -m benchmarks.report trace FOLDER summarises it.")
     flags.DEFINE_integer("profile_steps", 5, "Steps traced with --profile_dir.")
     flags.DEFINE_string("coordinator_address", "", "With --num_processes > 1: process 0's HOST:PORT.")
     flags.DEFINE_enum("batch_norm", "global", ["global", "global_one_pass", "per_device"],

@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
-# Prepare this checkout for a run on a GPU machine that has Python 3.12 with JAX (CUDA) but no
-# TensorFlow and no network (the lent device machines; docs/stack.md). GPU runs there use Keras 3 on
-# the JAX backend. Run from the development machine, in the repository:
+# Prepares this checkout for a machine with GPUs, Python 3.12 and JAX with CUDA, but no TensorFlow and no
+# network access (docs/stack.md). Training there uses Keras 3 on the JAX backend. Run it on a machine with
+# network access, in the repository:
 #   bash scripts/gpu-prep.sh [EXTRA_WHEEL_SPEC ...]
 # It
-#   1. downloads the wheels the GPU machine lacks (Keras, namex, optree, Keras Hub for the vit_*
-#      encoders, and any extra spec given) into .whl/ (git-ignored), for CPython 3.12 on manylinux
-#      x86-64; keras-hub's own dependencies regex and tokenizers are in the GPU image already, and
-#      --no-deps keeps out the tensorflow-text it declares (docs/stack.md);
+#   1. downloads the wheels such a machine lacks (Keras, namex, optree, Keras Hub for the vit_* encoders,
+#      and any extra spec given) into .whl/ (git-ignored), for CPython 3.12 on manylinux x86-64; keras-hub's
+#      own dependencies regex and tokenizers are assumed present, and --no-deps keeps out the
+#      tensorflow-text it declares (docs/stack.md);
 #   2. copies Fashion-MNIST (Debian package dataset-fashion-mnist) into .data/fashion-mnist/ (git-ignored).
-# Then give the device command carry [".whl", ".data"] and begin it with:
+# Copy the checkout with .whl/ and .data/ to that machine and, there, before any benchmarks/*.sh:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
 #     && export PYTHONPATH=/tmp/site:$PWD KERAS_BACKEND=jax \
 #     && mkdir -p ~/.keras/datasets && cp -r .data/fashion-mnist ~/.keras/datasets/
-# (benchmarks/gpu/run.sh and benchmarks/gpu/train.sh are then run the same way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl .data/fashion-mnist
