@@ -314,6 +314,9 @@ class InvocationConfig(_Section):
                                              "end.")
     verbose: int = flag(0, "0: a progress bar on a terminal, one line per epoch otherwise; 1: progress bar; 2: one "
                            "line per epoch.")
+    check_duplicates: bool = flag(True, "folder: and tfrecord: data: hash every image's bytes at load and report the "
+                                        "test images that are exact copies of training images (they inflate kNN and "
+                                        "linear numbers); --nocheck_duplicates skips this read of every file.")
     pictures: bool = flag(True, "At the end, write views.png (augmented views), neighbours.png (nearest training "
                                 "images of test images in feature space) and embedding.png (t-SNE map), and the same "
                                 "to TensorBoard.")

@@ -8,6 +8,11 @@ pipelines (:mod:`uniclr_tf.data.stream`) apply the same rule inside tf.data.
 :func:`image_header` tells what :func:`decode_image` would return for a file (its height, width
 and channels, or its error) from the file's header and end, without decoding the pixels: the
 load-time check of streamed folders.
+
+:func:`pixel_budget` is the one pixel budget of every decode path (folders, TFRecord and TFDS
+records, the serving client): the size an image's header declares, read from its bytes without
+decoding anything, against ``--max_image_pixels``. An image whose size its header does not tell
+is never handed to a decoder.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def decode_image(raw: bytes, backend: Optional[str] = None, max_pixels: Optional
         backend = "tensorflow" if have_tensorflow() else "pil"
     if not raw:
         raise ImageDecodeError("empty file")
-    check_pixels(_declared_size(raw), max_pixels)
+    check_budget(raw, max_pixels)
     if backend == "tensorflow":
         try:
             image = tf.io.decode_image(raw, channels=0, dtype=tf.uint8, expand_animations=False).numpy()
@@ -97,23 +102,151 @@ def _pil():
     return Image
 
 
-def _declared_size(raw):
-    """``(width, height)`` a file's header declares (Pillow reads the header only), or None."""
-    Image = _pil()
-
-    try:
-        with Image.open(io.BytesIO(raw)) as im:
-            return im.size
-    except Exception:  # not an image Pillow knows, or a damaged header: decoding decides
-        return None
-
-
-def check_pixels(size, max_pixels=None):
-    """Raises :class:`ImageDecodeError` when ``size`` ``(width, height)`` exceeds ``max_pixels`` pixels."""
+def check_pixels(size, max_pixels=None, frames=1, pixels=None):
+    """Raises :class:`ImageDecodeError` when ``size`` ``(width, height)`` (``pixels``: what decoding
+    it costs, when more than ``width x height``) exceeds ``max_pixels`` pixels."""
     limit = max_pixels or MAX_PIXELS
-    if size is not None and size[0] * size[1] > limit:
-        raise ImageDecodeError(f"image is {size[1]}x{size[0]} = {size[0] * size[1]:,} pixels, more than the limit of "
-                               f"{limit:,} (a decompression bomb?); raise --max_image_pixels to read it")
+    if size is None:
+        return
+    pixels = size[0] * size[1] if pixels is None else pixels
+    if pixels > limit:
+        what = f"{size[1]}x{size[0]}" + (f" in {frames:,} frames" if frames > 1 else "")
+        raise ImageDecodeError(f"image is {what} = {pixels:,} pixels, more than the limit of {limit:,} (a "
+                               f"decompression bomb?); raise --max_image_pixels to read it")
+
+
+#: What :func:`declared_size` found: the image's ``height`` and ``width`` as its header declares
+#: them, its ``format``, its ``frames`` (GIF), and ``pixels``: what decoding it costs (``height x
+#: width``; for an animated GIF the canvas plus every further frame, which the decoder reads too).
+DeclaredSize = collections.namedtuple("DeclaredSize", ["height", "width", "format", "frames", "pixels"])
+
+
+def _u16be(raw, at):
+    return int.from_bytes(raw[at:at + 2], "big")
+
+
+def _u16le(raw, at):
+    return int.from_bytes(raw[at:at + 2], "little")
+
+
+def _jpeg_size(raw):
+    """``(height, width)`` of a JPEG's first SOF marker, or None."""
+    at, end = 2, len(raw)
+    while at + 4 <= end:
+        if raw[at] != 0xFF:
+            return None
+        marker = raw[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD9)):  # no length
+            at += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header before
+            return None
+        length = _u16be(raw, at + 2)
+        if length < 2:
+            return None
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if at + 9 > end:
+                return None
+            return _u16be(raw, at + 5), _u16be(raw, at + 7)
+        at += 2 + length
+    return None
+
+
+def _gif_size(raw):
+    """``(canvas height, canvas width, frames, pixels)`` of a GIF, walking its blocks (no decoding),
+    or None. The canvas is the larger of the screen and of the largest frame (TensorFlow's)."""
+    if len(raw) < 13:
+        return None
+    width, height, flags = _u16le(raw, 6), _u16le(raw, 8), raw[10]
+    at = 13 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
+    frames, later_pixels, end = 0, 0, len(raw)
+
+    def skip_blocks(at):
+        while at < end and raw[at]:
+            at += raw[at] + 1
+        return at + 1
+
+    while at < end:
+        kind = raw[at]
+        if kind == 0x21:  # extension: a label, then data blocks
+            at = skip_blocks(at + 2)
+        elif kind == 0x2C:  # an image: its descriptor, a local colour table, LZW data blocks
+            if at + 10 > end:
+                break
+            fw, fh, fflags = _u16le(raw, at + 5), _u16le(raw, at + 7), raw[at + 9]
+            width, height = max(width, fw), max(height, fh)
+            later_pixels += fw * fh if frames else 0
+            frames += 1
+            at += 10 + (3 * 2 ** ((fflags & 7) + 1) if fflags & 0x80 else 0)
+            at = skip_blocks(at + 1)
+        else:  # the trailer, or damage: the decoder stops there
+            break
+    return height, width, max(frames, 1), width * height + later_pixels
+
+
+def _webp_size(raw):
+    """``(height, width)`` of a WebP's canvas (VP8X) or its one frame (VP8, VP8L), or None."""
+    chunk = raw[12:16]
+    if chunk == b"VP8X" and len(raw) >= 30:
+        return (int.from_bytes(raw[27:30], "little") + 1, int.from_bytes(raw[24:27], "little") + 1)
+    if chunk == b"VP8L" and len(raw) >= 25 and raw[20] == 0x2F:
+        bits = int.from_bytes(raw[21:25], "little")
+        return ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1
+    if chunk == b"VP8 " and len(raw) >= 30 and raw[23:26] == b"\x9d\x01\x2a":
+        return _u16le(raw, 28) & 0x3FFF, _u16le(raw, 26) & 0x3FFF
+    return None
+
+
+def declared_size(raw: bytes) -> Optional[DeclaredSize]:
+    """The size an image's header declares (PNG, JPEG, GIF, BMP, WebP: the formats decoded), read
+    from its bytes without decoding anything; None when the bytes are none of these or their header
+    does not say (such bytes are never decoded: :func:`check_budget`)."""
+    raw = bytes(raw[:]) if not isinstance(raw, bytes) else raw
+    size, image_format, frames, pixels = None, None, 1, None
+    if raw[:8] == b"\x89PNG\r\n\x1a\n" and raw[12:16] == b"IHDR" and len(raw) >= 24:
+        size, image_format = (int.from_bytes(raw[20:24], "big"), int.from_bytes(raw[16:20], "big")), "PNG"
+    elif raw[:3] == b"\xff\xd8\xff":
+        size, image_format = _jpeg_size(raw), "JPEG"
+    elif raw[:6] in (b"GIF87a", b"GIF89a"):
+        found, image_format = _gif_size(raw), "GIF"
+        if found:
+            size, frames, pixels = found[:2], found[2], found[3]
+    elif raw[:2] == b"BM" and len(raw) >= 26:  # TensorFlow's reading: int32 width and height, any header
+        width = int.from_bytes(raw[18:22], "little", signed=True)
+        height = int.from_bytes(raw[22:26], "little", signed=True)
+        size, image_format = (abs(height), abs(width)), "BMP"
+    elif raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        size, image_format = _webp_size(raw), "WEBP"
+    if size is None or min(size) < 1:
+        return None
+    height, width = size
+    return DeclaredSize(height, width, image_format, frames, height * width if pixels is None else pixels)
+
+
+def check_budget(raw: bytes, max_pixels: Optional[int] = None) -> DeclaredSize:
+    """THE pixel budget, checked before any decoding: the :func:`declared_size` of ``raw``, or
+    :class:`ImageDecodeError` when it costs more than ``max_pixels`` (None: :data:`MAX_PIXELS`) or
+    its header does not tell its size (such bytes are not decoded at all)."""
+    size = declared_size(raw)
+    if size is None:
+        raise ImageDecodeError(_UNDECODABLE)
+    check_pixels((size.width, size.height), max_pixels, size.frames, size.pixels)
+    return size
+
+
+def budget_status(raw, max_pixels=0):
+    """:func:`check_budget` as ``(code, reason)`` for tf.data (``tf.numpy_function``): code 0 (within
+    the budget, reason empty), 1 (not an image whose size its header tells) or 3 (over the budget)."""
+    try:
+        check_budget(raw if isinstance(raw, bytes) else bytes(raw), int(max_pixels) or None)
+    except ImageDecodeError as e:
+        return (np.int32(1 if e.args[0] == _UNDECODABLE else 3), e.args[0].encode())
+    except Exception:  # noqa: BLE001 - whatever the bytes, an answer
+        return np.int32(1), _UNDECODABLE.encode()
+    return np.int32(0), b""
 
 
 def _decode_image_pil(raw):
@@ -209,8 +342,13 @@ def image_header(path: str, max_pixels: Optional[int] = None) -> ImageHeader:
     """
     Image = _pil()
 
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    import stat
+
+    with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block, a device never end
+            raise ImageDecodeError("not a regular file")
+        size = info.st_size
         head = f.read(64)
         if size == 0:
             raise ImageDecodeError("empty file")
@@ -222,7 +360,10 @@ def image_header(path: str, max_pixels: Optional[int] = None) -> ImageHeader:
             tail = f.read()
         except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError):
             image_format = None
-        if image_format:
+        if image_format == "GIF":  # its frames cost pixels too: the whole file's blocks are walked
+            f.seek(0)
+            check_budget(f.read(), max_pixels)
+        elif image_format:
             check_pixels((width, height), max_pixels)  # before anything is decoded in full
         channels = _header_channels(image_format, mode, head) if image_format else None
         if channels and min(width, height) >= 1 and _complete(image_format, head, tail, size):

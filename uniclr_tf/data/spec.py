@@ -88,6 +88,8 @@ class Split:
       labels: int64 ``[N]`` (``-1`` when unlabelled, read-only) for in-memory splits, else None.
       stream: a :class:`~uniclr_tf.data.stream.Stream` (records read and decoded inside tf.data)
         for streamed splits, else None.
+      fingerprints: uint64 ``[N]``, a hash of each image file's (or record's image) bytes, for the
+        report of test images that are copies of training images; None when not computed.
     """
 
     name: str
@@ -95,6 +97,7 @@ class Split:
     images: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
     labels: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
     stream: Optional["Stream"] = dataclasses.field(default=None, repr=False)
+    fingerprints: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
 
     @property
     def in_memory(self) -> bool:
@@ -130,6 +133,8 @@ class DatasetInfo:
       bad_files: for streamed splits loaded with ``skip_bad_files``, the records of the images
         found bad while streaming (:class:`~uniclr_tf.data.stream.BadFiles`; see
         :meth:`skipped_while_streaming`).
+      test_duplicates: test images whose bytes are those of a training image (``check_duplicates``;
+        ``folder:`` and ``tfrecord:`` data), else None (not checked).
     """
 
     name: str
@@ -146,6 +151,7 @@ class DatasetInfo:
     eval_spec: str = ""
     notes: Tuple[str, ...] = ()
     bad_files: Tuple["BadFiles", ...] = dataclasses.field(default=(), repr=False)
+    test_duplicates: Optional[int] = None
 
     @property
     def in_memory(self) -> bool:

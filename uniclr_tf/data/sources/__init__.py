@@ -31,7 +31,7 @@ def load_dataset(spec: str = "fashion_mnist", image_size: Union[int, Sequence[in
                  max_examples: Optional[int] = None, eval_spec: Optional[str] = None,
                  holdout_fraction: float = _HOLDOUT_FRACTION,
                  max_in_memory_mb: float = _MAX_IN_MEMORY_MB,
-                 max_image_pixels: Optional[int] = None) -> DatasetInfo:
+                 max_image_pixels: Optional[int] = None, check_duplicates: bool = True) -> DatasetInfo:
     """Loads (and checks) the dataset named by ``spec``.
 
     Args:
@@ -52,8 +52,12 @@ def load_dataset(spec: str = "fashion_mnist", image_size: Union[int, Sequence[in
         test split and no ``eval_spec`` is given (per class for folders), in (0, 0.5].
       max_in_memory_mb: ``folder:`` data whose decoded images (N x H x W x 3 bytes) fit in this
         many MB is decoded into memory at load; larger folders stream from disk (0: always).
-      max_image_pixels: ``folder:`` data: a file of more pixels (read from its header, before any
-        decoding) is a bad file; None: :data:`~uniclr_tf.data.decode.MAX_PIXELS`.
+      max_image_pixels: an image of more pixels (read from its header, before any decoding: files
+        of ``folder:`` data, records of ``tfrecord:`` and ``tfds:`` data) is a bad image; None:
+        :data:`~uniclr_tf.data.decode.MAX_PIXELS`.
+      check_duplicates: ``folder:`` and ``tfrecord:`` data: hash every image's bytes and report (a
+        note, and ``DatasetInfo.test_duplicates``) the test images that are exact copies of training
+        images; False skips this read of every file (huge datasets).
 
     Returns:
       A :class:`DatasetInfo`; its ``notes`` say where the test split comes from and whether a
@@ -77,7 +81,7 @@ def load_dataset(spec: str = "fashion_mnist", image_size: Union[int, Sequence[in
     opts = LoadOptions(size=size, data_dir=data_dir, skip_bad_files=skip_bad_files,
                        max_examples=int(max_examples) if max_examples is not None else None,
                        holdout_fraction=holdout_fraction, max_in_memory_mb=max_in_memory_mb,
-                       max_image_pixels=max_image_pixels,
+                       max_image_pixels=max_image_pixels, check_duplicates=check_duplicates,
                        splits="train" if eval_spec else "all")
     info = _load(spec, opts)
     if eval_spec:
@@ -85,6 +89,7 @@ def load_dataset(spec: str = "fashion_mnist", image_size: Union[int, Sequence[in
         test = _load(eval_spec, dataclasses.replace(opts, splits="test", channels=info.image_shape[-1],
                                                     class_names=info.class_names))
         info = _with_test_split(info, test)
+    info = _report_duplicates(info)
     logging.info("dataset %s: train %d, test %d, image %s, classes %s, mean %s, std %s", info.spec,
                  info.num_train, info.num_test, info.image_shape, info.num_classes,
                  _fmt(info.mean), _fmt(info.std))
@@ -119,6 +124,24 @@ def _with_test_split(info, other):
                                num_test=test.num_examples, eval_spec=where, num_skipped=info.num_skipped +
                                other.num_skipped, notes=info.notes + other.notes + (note,),
                                bad_files=info.bad_files + other.bad_files)
+
+
+def _report_duplicates(info):
+    """``info`` with ``test_duplicates`` (and a note) when both splits carry fingerprints: the test
+    images whose bytes are a training image's, which a kNN or linear evaluation would measure by
+    memory rather than by features."""
+    import numpy as np
+    train, test = info.splits["train"].fingerprints, info.splits["test"].fingerprints
+    if train is None or test is None:
+        return info
+    copies = int(np.isin(test, train).sum())
+    if not copies:
+        return dataclasses.replace(info, test_duplicates=0)
+    note = (f"warning: {info.eval_spec or info.spec}: {copies} of the {len(test)} test images are exact copies "
+            f"(the same bytes) of training images: kNN and linear numbers on them measure memory, not features; "
+            "remove them from one split (--nocheck_duplicates skips this check)")
+    logging.warning("%s", note)
+    return dataclasses.replace(info, test_duplicates=copies, notes=info.notes + (note,))
 
 
 def _fmt(values):

@@ -40,6 +40,7 @@ class LoadOptions:
     splits: str = "all"
     channels: Optional[int] = None
     class_names: Optional[Tuple[str, ...]] = None
+    check_duplicates: bool = True
 
 
 def _percent(fraction):
@@ -63,6 +64,19 @@ def _make_info(*, name, spec, train, test, num_classes, class_names=None, mean, 
                        splits=types.MappingProxyType({"train": train, "test": test}), spec=spec,
                        class_names=class_names, num_skipped=num_skipped, notes=tuple(notes),
                        bad_files=(bad_files,) if bad_files is not None else ())
+
+
+def _with_fingerprints(info, **fingerprints):
+    """``info`` with ``fingerprints`` (``train=..., test=...``: uint64 arrays, or None) on its splits."""
+    splits = {name: dataclasses.replace(split, fingerprints=fingerprints.get(name, split.fingerprints))
+              for name, split in info.splits.items()}
+    return dataclasses.replace(info, splits=types.MappingProxyType(splits))
+
+
+def _fingerprint(data):
+    """A uint64 hash of some bytes (BLAKE2b, 8 bytes)."""
+    import hashlib
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def _memory_split(name, images, labels):

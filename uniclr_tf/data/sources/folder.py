@@ -30,6 +30,12 @@ How the images are read depends on their decoded size, ``N x H x W x 3`` bytes (
 
 Channels: grey everywhere stays grey; any colour image makes the whole dataset RGB (from the
 decoded images, or from every file's header when streaming).
+
+Each file is listed once: files that are not regular files (a FIFO, a device, a link to one) are
+skipped by their type before anything opens them, and paths to the same file (hard links: the same
+device and inode) are counted once, under the first path listed (train before test), each group
+named in one warning. With ``check_duplicates`` every file's bytes are hashed and exact copies of
+training images in the test split are reported (:func:`~uniclr_tf.data.sources.load_dataset`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+import stat
 
 import numpy as np
 from absl import logging
@@ -44,7 +51,8 @@ from absl import logging
 from uniclr_tf.data.decode import ImageDecodeError, decode_image, image_header
 from uniclr_tf.data.lazy_tf import have_tensorflow, tf
 from uniclr_tf.data.resize import resize_uint8
-from uniclr_tf.data.sources.common import _empty_split, _make_info, _memory_split, _note, _percent
+from uniclr_tf.data.sources.common import (_empty_split, _fingerprint, _make_info, _memory_split, _note, _percent,
+                                          _with_fingerprints)
 from uniclr_tf.data.spec import DataError, Split
 from uniclr_tf.data.stats import _array_stats, _channel_stats
 from uniclr_tf.data.stream import BadFiles, Stream, bad_file_message, decode_records, list_records
@@ -64,6 +72,54 @@ class _BadImage(Exception):
 
 def _is_hidden(name):
     return name.startswith(".") or name.startswith("__")
+
+
+class _Seen(set):
+    """What a listing has met: the real paths that symbolic links led to (the set itself), the
+    ``(device, inode)`` of every file listed (``files``: the first path of each), and the paths
+    left out as ``hard_links`` (``(path, first path)``) or as ``special`` files (``(path, kind)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.files, self.hard_links, self.special = {}, [], []
+
+    def admit(self, path):
+        """Whether to list the file ``path``: a regular file (after symbolic links) not listed yet
+        under another path. Only ``stat`` is called: nothing is opened."""
+        try:
+            info = os.stat(path)
+        except OSError as e:
+            self.special.append((path, f"cannot be read ({e.strerror or e})"))
+            return False
+        if not stat.S_ISREG(info.st_mode):
+            self.special.append((path, _file_kind(info.st_mode)))
+            return False
+        key = (info.st_dev, info.st_ino)
+        if key in self.files:
+            self.hard_links.append((path, self.files[key]))
+            return False
+        self.files[key] = path
+        return True
+
+    def report(self, notes):
+        """One warning per kind of file left out (and a note for the user)."""
+        if self.special:
+            path, kind = self.special[0]
+            _note(notes, f"warning: skipped {len(self.special)} path(s) that are not regular files, never opened "
+                         f"(first: {path}, {kind})")
+        if self.hard_links:
+            path, first = self.hard_links[0]
+            _note(notes, f"warning: {len(self.hard_links)} path(s) are hard links to files already listed (the same "
+                         f"device and inode; first: {path} = {first}); each file is counted once, under its first "
+                         "path")
+
+
+def _file_kind(mode):
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 def _inside(path, folder):
@@ -93,7 +149,7 @@ def _image_files(directory, dataset_root=None, seen=None):
     once (``seen``: the real paths listed so far, shared by the caller between folders); the others
     are skipped with a warning naming them (see :func:`_link_problem`)."""
     dataset_root = os.path.realpath(dataset_root or directory)
-    seen = set() if seen is None else seen
+    seen = _Seen() if seen is None else seen
     found, ignored = [], 0
 
     def followed(path):
@@ -116,7 +172,7 @@ def _image_files(directory, dataset_root=None, seen=None):
             if _is_hidden(f):
                 continue
             if f.lower().endswith(IMAGE_EXTENSIONS):
-                if followed(os.path.join(root, f)):
+                if followed(os.path.join(root, f)) and seen.admit(os.path.join(root, f)):
                     found.append(os.path.join(root, f))
             else:
                 ignored += 1
@@ -131,7 +187,7 @@ def _list_folder(directory, class_names=None, labelled=None, dataset_root=None, 
     ``seen``).
     """
     dataset_root = dataset_root or directory
-    seen = set() if seen is None else seen
+    seen = _Seen() if seen is None else seen
     entries = sorted(e for e in os.listdir(directory) if not _is_hidden(e))
     real_root = os.path.realpath(dataset_root)
     entries = [e for e in entries if not os.path.islink(os.path.join(directory, e))
@@ -161,7 +217,8 @@ def _list_folder(directory, class_names=None, labelled=None, dataset_root=None, 
     else:
         for name in entries:
             if name.lower().endswith(IMAGE_EXTENSIONS):
-                files.append(os.path.join(directory, name))
+                if seen.admit(os.path.join(directory, name)):
+                    files.append(os.path.join(directory, name))
             else:
                 ignored += 1
         labels = [-1] * len(files)
@@ -213,13 +270,36 @@ def _subsample(files, labels, max_examples, root):
     return [files[i] for i in keep], [labels[i] for i in keep]
 
 
-def _decode_file(path, max_pixels=None):
-    """Decodes one file with :func:`decode_image` (uint8 ``[H, W, C]``, C in {1, 3}); raises _BadImage."""
+#: Bytes a file may hold per pixel of the budget (a 16-bit RGBA PNG stored uncompressed: 8), plus
+#: 1 MB of headers: a larger file is refused before it is read.
+_BYTES_PER_PIXEL = 8
+
+
+def read_image_file(path, max_pixels=None):
+    """The bytes of the image file ``path``, opened without blocking and checked to be a regular
+    file no larger than any image within the pixel budget could be; raises _BadImage."""
+    from uniclr_tf.data.decode import MAX_PIXELS
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise _BadImage(f"cannot read file ({e.strerror or e})")
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise _BadImage(f"not a regular file ({_file_kind(info.st_mode)})")
+        limit = (max_pixels or MAX_PIXELS) * _BYTES_PER_PIXEL + 2 ** 20
+        if info.st_size > limit:
+            raise _BadImage(f"file is {info.st_size:,} bytes, more than an image within the pixel budget can be "
+                            f"({limit:,}); raise --max_image_pixels to read it")
+        try:
+            return f.read(limit + 1)
+        except OSError as e:
+            raise _BadImage(f"cannot read file ({e.strerror or e})")
+
+
+def _decode_file(path, max_pixels=None):
+    """Decodes one file with :func:`decode_image` (uint8 ``[H, W, C]``, C in {1, 3}); raises _BadImage."""
+    raw = read_image_file(path, max_pixels)
     try:
         return decode_image(raw, max_pixels=max_pixels)
     except ImageDecodeError as e:
@@ -308,7 +388,15 @@ def _list_splits(root, opts, spec, notes):
     test_dir = next((os.path.join(root, d) for d in _TEST_DIR_NAMES
                      if os.path.isdir(os.path.join(root, d))), None)
     has_splits = os.path.isdir(train_dir) and test_dir is not None
-    seen = set()  # the real paths that symbolic links led to: each listed once
+    seen = _Seen()  # the real paths that symbolic links led to, the files listed: each listed once
+    try:
+        return _list_splits_seen(root, opts, spec, notes, train_dir, test_dir, has_splits, seen)
+    finally:
+        seen.report(notes)
+
+
+def _list_splits_seen(root, opts, spec, notes, train_dir, test_dir, has_splits, seen):
+    """:func:`_list_splits` with what the listing meets kept in ``seen``."""
     if opts.splits == "test":  # the test split of another spec's training data
         directory = test_dir if has_splits else root
         labelled = None if opts.class_names is None else True
@@ -353,22 +441,37 @@ def _load_folder(spec, opts):
     train_files, train_labels = _subsample(train_files, train_labels, opts.max_examples, root)
     test_files, test_labels = _subsample(test_files, test_labels, opts.max_examples, root)
 
+    fingerprints = {}
+    if opts.check_duplicates and (test_files if opts.splits == "all" else True):
+        fingerprints = {"train": _file_fingerprints(train_files, opts), "test": _file_fingerprints(test_files, opts)}
     count = len(train_files) + len(test_files)
     height, width = opts.size or _first_size(train_files + test_files)
     megabytes = count * height * width * 3 / 2 ** 20
     if megabytes <= opts.max_in_memory_mb:
         logging.info("%s: %d images, %.1f MB decoded <= %g MB: decoded into memory", spec, count, megabytes,
                      opts.max_in_memory_mb)
-        return _folder_in_memory(spec, root, opts, notes, class_names, train_files, train_labels, test_files,
-                                 test_labels)
+        return _with_fingerprints(_folder_in_memory(spec, root, opts, notes, class_names, train_files,
+                                                    train_labels, test_files, test_labels), **fingerprints)
     message = (f"{spec}: {count} images, {megabytes:.0f} MB decoded > {opts.max_in_memory_mb:g} MB "
                f"(max_in_memory_mb)")
     if not have_tensorflow():
         raise DataError(f"{message}: streaming it needs tf.data, and TensorFlow is not installed here; raise "
                         "max_in_memory_mb (--max_in_memory_mb) to decode it into memory")
     _note(notes, f"{message}: streamed from disk through tf.data")
-    return _folder_streamed(spec, root, opts, notes, class_names, train_files, train_labels, test_files,
-                            test_labels)
+    return _with_fingerprints(_folder_streamed(spec, root, opts, notes, class_names, train_files, train_labels,
+                                               test_files, test_labels), **fingerprints)
+
+
+def _file_fingerprints(files, opts):
+    """uint64 hashes of the bytes of ``files`` (those that cannot be read are left out: loading
+    names them)."""
+    out = []
+    for path in files:
+        try:
+            out.append(_fingerprint(read_image_file(path, opts.max_image_pixels)))
+        except _BadImage:
+            continue
+    return np.asarray(out, np.uint64)
 
 
 def _first_size(files, tries=10):
@@ -431,8 +534,9 @@ def _folder_in_memory(spec, root, opts, notes, class_names, train_files, train_l
                       notes=notes)
 
 
-def _file_stream(files, labels, image_shape, resize, bad_files):
-    """A :class:`Stream` of image files: shuffled as a list of names, each decoded when read."""
+def _file_stream(files, labels, image_shape, resize, bad_files, max_pixels=None):
+    """A :class:`Stream` of image files: shuffled as a list of names, each decoded when read (the
+    pixel budget checked from its header first)."""
     def load(path, label):
         return tf.io.read_file(path), label, path
 
@@ -440,7 +544,8 @@ def _file_stream(files, labels, image_shape, resize, bad_files):
         return label, path
 
     return Stream(list_records(list(files), np.asarray(labels, np.int64)),
-                  lambda records: decode_records(records, load, describe, image_shape, resize, bad_files))
+                  lambda records: decode_records(records, load, describe, image_shape, resize, bad_files,
+                                                 max_pixels=max_pixels))
 
 
 def _folder_streamed(spec, root, opts, notes, class_names, train_files, train_labels, test_files,
@@ -476,7 +581,7 @@ def _folder_streamed(spec, root, opts, notes, class_names, train_files, train_la
     if train_files:  # decode a sample in full: the statistics, and a closer look at those files
         sample = BadFiles() if opts.skip_bad_files else None
         stream = _file_stream(train_files[:STREAM_STATS_SAMPLE], train_labels[:STREAM_STATS_SAMPLE], image_shape,
-                              resize, sample)
+                              resize, sample, opts.max_image_pixels)
         try:
             mean, std = _channel_stats((x.numpy() for x, _ in stream.dataset().batch(64)), channels)
         except tf.errors.OpError as e:
@@ -490,9 +595,9 @@ def _folder_streamed(spec, root, opts, notes, class_names, train_files, train_la
         logging.warning("%s: skipped %d bad image file(s) of %d (first: %s)", root, len(skipped), total, skipped[0])
     bad_files = BadFiles() if opts.skip_bad_files else None
     train = Split("train", len(train_files), stream=_file_stream(train_files, train_labels, image_shape, resize,
-                                                                 bad_files))
+                                                                 bad_files, opts.max_image_pixels))
     test = Split("test", len(test_files), stream=_file_stream(test_files, test_labels, image_shape, resize,
-                                                              bad_files))
+                                                              bad_files, opts.max_image_pixels))
     return _make_info(name=os.path.basename(root) or root, spec=spec, train=train, test=test,
                       num_classes=len(class_names) if class_names else None, class_names=class_names,
                       mean=mean, std=std, num_skipped=len(skipped), image_shape=image_shape, notes=notes,

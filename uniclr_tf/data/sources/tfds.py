@@ -1,8 +1,12 @@
 """``tfds:NAME[:SPLIT]``: a TensorFlow Datasets image dataset, streamed from its TFRecords.
 
 ``tensorflow_datasets`` is imported only when such a spec is loaded. The test split is ``test``,
-else ``validation``, else the last ``holdout_fraction`` of the train split. The examples stream
-(decoded by TFDS), shuffled through a buffer of :data:`~uniclr_tf.data.stream.SHUFFLE_BUFFER`.
+else ``validation``, else the last ``holdout_fraction`` of the train split. The examples stream,
+shuffled through a buffer of :data:`~uniclr_tf.data.stream.SHUFFLE_BUFFER`. Images stored encoded
+(an ``Image`` feature: PNG or JPEG) are decoded here, not by TFDS, through
+:func:`~uniclr_tf.data.stream.decode_records`: the pixel budget (``max_image_pixels``) is checked
+from each image's header before it is decoded, and a bad one is named (``tfds:NAME:SPLIT example
+I``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from uniclr_tf.data.resize import resize_uint8
 from uniclr_tf.data.sources.common import _make_info, _note, _percent
 from uniclr_tf.data.spec import DataError, Split, _parse_tfds_spec
 from uniclr_tf.data.stats import _channel_stats
-from uniclr_tf.data.stream import Stream, dataset_records
+from uniclr_tf.data.stream import BadFiles, Stream, dataset_records, decode_records
 
 _TFDS_STATS_SAMPLE = 2_000  # images read for the per-channel mean / std (streamed data must be read to be measured)
 
@@ -52,14 +56,49 @@ def _load_tfds(spec, opts):
 
     train_split, test_split = _choose_splits(builder, spec, split, opts, notes)
     to_pair = _example_to_pair(shape, size, out_shape, labelled=label_feature is not None)
-    train = _make_split(builder, "train", train_split, to_pair, out_shape, max_examples, where)
-    test = _make_split(builder, "test", test_split, to_pair, out_shape, max_examples, where)
+    checked = None
+    if isinstance(features["image"], tfds.features.Image):  # encoded: decoded here, within the pixel budget
+        checked = _CheckedDecode(tfds, where, size, out_shape, label_feature is not None, opts)
+    train = _make_split(builder, "train", train_split, to_pair, out_shape, max_examples, where, checked)
+    test = _make_split(builder, "test", test_split, to_pair, out_shape, max_examples, where, checked)
     if (train if opts.splits != "test" else test).num_examples == 0:
         raise DataError(f"{where}: split {train_split or test_split!r} is empty")
     sample = train.dataset.take(_TFDS_STATS_SAMPLE).batch(256)
     mean, std = _channel_stats((x.numpy() for x, _ in sample), out_channels)
     return _make_info(name=name, spec=spec, train=train, test=test, num_classes=num_classes,
-                      class_names=class_names, mean=mean, std=std, image_shape=out_shape, notes=notes)
+                      class_names=class_names, mean=mean, std=std, image_shape=out_shape, notes=notes,
+                      bad_files=checked.bad_files if checked else None)
+
+
+class _CheckedDecode:
+    """How the encoded images of a TFDS dataset are read: undecoded by TFDS (``SkipDecoding``), then
+    decoded by :func:`~uniclr_tf.data.stream.decode_records` (the pixel budget from the header, the
+    dataset's channels, resized to ``size``)."""
+
+    def __init__(self, tfds, where, size, out_shape, labelled, opts):
+        self.decoders = {"image": tfds.decode.SkipDecoding()}
+        self.where, self.size, self.out_shape, self.labelled = where, size, out_shape, labelled
+        self.max_pixels = opts.max_image_pixels
+        self.bad_files = BadFiles() if opts.skip_bad_files else None
+
+    def records(self, ds, split):
+        """``(encoded image, (label, index))`` of a dataset of TFDS examples."""
+        labelled = self.labelled
+
+        def record(index, example):
+            label = tf.cast(example["label"], tf.int64) if labelled else tf.constant(-1, tf.int64)
+            return example["image"], (label, index)
+        prefix = f"{self.where}:{split} example "
+
+        def load(raw, meta):
+            return raw, meta[0], tf.strings.join([prefix, tf.strings.as_string(meta[1])])
+
+        def describe(raw, meta):
+            return meta[0], tf.strings.join([prefix, tf.strings.as_string(meta[1])])
+
+        decode = lambda records: decode_records(records, load, describe, self.out_shape,  # noqa: E731
+                                                self.size is not None, self.bad_files, self.max_pixels)
+        return ds.enumerate().map(record), decode
 
 
 def _builder(tfds, name, data_dir, where):
@@ -106,14 +145,16 @@ def _example_to_pair(shape, size, out_shape, labelled):
     return to_pair
 
 
-def _make_split(builder, kind, tfds_split, to_pair, out_shape, max_examples, where):
+def _make_split(builder, kind, tfds_split, to_pair, out_shape, max_examples, where, checked=None):
     """The :class:`Split` ``kind`` streamed from the TFDS split ``tfds_split`` (None: an empty split),
-    its first ``max_examples`` (0 / None: all), counted."""
+    its first ``max_examples`` (0 / None: all), counted; ``checked``: a :class:`_CheckedDecode`
+    decodes the images (else TFDS does, and ``to_pair`` makes the pairs)."""
     if tfds_split is None:
         empty = tf.data.Dataset.from_tensor_slices((np.zeros((0, *out_shape), np.uint8), np.zeros((0,), np.int64)))
         return Split(name=kind, num_examples=0, stream=Stream(dataset_records(empty, 0)))
     try:
-        ds = builder.as_dataset(split=tfds_split, shuffle_files=False)
+        ds = builder.as_dataset(split=tfds_split, shuffle_files=False,
+                                **({"decoders": checked.decoders} if checked else {}))
     except Exception as e:
         raise DataError(f"{where}: cannot read split {tfds_split!r}: {_first_line(e)}") from e
     count = int(ds.cardinality().numpy())
@@ -124,6 +165,9 @@ def _make_split(builder, kind, tfds_split, to_pair, out_shape, max_examples, whe
             count = int(ds.reduce(np.int64(0), lambda n, _: n + 1).numpy())
     if max_examples:
         ds, count = ds.take(max_examples), min(count, max_examples)
+    if checked is not None:
+        records, decode = checked.records(ds, tfds_split)
+        return Split(name=kind, num_examples=count, stream=Stream(dataset_records(records, count), decode))
     ds = ds.map(to_pair, num_parallel_calls=AUTOTUNE)
     return Split(name=kind, num_examples=count, stream=Stream(dataset_records(ds, count)))
 

@@ -30,10 +30,17 @@ file order, decoded in full at load (the per-channel mean / std are theirs; a ba
 loading naming it, or is left out with ``skip_bad_files``). While streaming, every record is
 decoded and checked as it is read (:func:`~uniclr_tf.data.stream.decode_records`).
 
+Files: at load every file's record framing is walked (lengths and their checksums, the data
+skipped): a file cut short or with a damaged length stops loading naming it and the byte, or with
+``skip_bad_files`` only its records before the damage are read. Damage found later (a record's data
+failing its checksum while streaming) names the file too (:func:`~uniclr_tf.data.stream.bad_file_message`),
+or with ``skip_bad_files`` ends that file's records there.
+
 Reading: the files in sorted order, interleaved (at most 16 open at once, deterministic);
-``pretrain_dataset`` shuffles the file order every epoch, then the records through a buffer of
-:data:`~uniclr_tf.data.stream.SHUFFLE_BUFFER` serialized records. Per-worker sharding is
-tf.data's and Keras's (auto-sharding by file).
+``pretrain_dataset`` shuffles the file order every epoch, then the records through a buffer of at
+most :data:`~uniclr_tf.data.stream.SHUFFLE_BUFFER` serialized records and at most
+:data:`~uniclr_tf.data.stream.SHUFFLE_BUFFER_MB` MB of them (from the files' mean record size).
+Per-worker sharding is tf.data's and Keras's (auto-sharding by file).
 """
 
 from __future__ import annotations
@@ -48,10 +55,11 @@ from absl import logging
 from uniclr_tf.data.decode import ImageDecodeError, decode_image
 from uniclr_tf.data.lazy_tf import AUTOTUNE, have_tensorflow, tf
 from uniclr_tf.data.resize import resize_uint8
-from uniclr_tf.data.sources.common import _empty_split, _make_info, _note, _percent
+from uniclr_tf.data.sources.common import _empty_split, _make_info, _note, _percent, _with_fingerprints
 from uniclr_tf.data.spec import DataError, Split
 from uniclr_tf.data.stats import _channel_stats
-from uniclr_tf.data.stream import SHUFFLE_BUFFER, BadFiles, Stream, decode_records
+from uniclr_tf.data.stream import (SHUFFLE_BUFFER, BadFiles, Stream, check_tfrecord_file, decode_records,
+                                   register_tfrecord_files, shuffle_buffer)
 
 #: Train records decoded at load: the image shape and channels, the per-channel mean / std.
 STATS_SAMPLE = 2_000
@@ -119,15 +127,24 @@ def _sidecar(files):
     return None, None
 
 
-def _records(files, holdout=None, shuffle=False, seed=0, limit=None):
+def _records(files, holdout=None, shuffle=False, seed=0, limit=None, intact=None, buffer=SHUFFLE_BUFFER,
+             skip_damage=False):
     """``(serialized record, name)`` of ``files`` interleaved; ``holdout=(fraction, side)`` keeps
     the held-out side (``"test"``) or the rest (``"train"``); ``limit``: the first ``limit`` records
-    in file order only (the same ones however shuffled)."""
-    def read(path):
-        return tf.data.TFRecordDataset(path).enumerate().map(
+    in file order only (the same ones however shuffled); ``intact``: ``{file: records}`` of damaged
+    files (only their records before the damage are read); ``buffer``: the shuffle buffer's records;
+    ``skip_damage``: damage met while reading ends that file's records (else it is an error)."""
+    intact = intact or {}
+
+    def read(path, count):
+        ds = tf.data.TFRecordDataset(path).take(count)
+        if skip_damage:
+            ds = ds.ignore_errors(log_warning=True)
+        return ds.enumerate().map(
             lambda i, record: (record, tf.strings.join([path, " record ", tf.strings.as_string(i)])))
 
-    ds = tf.data.Dataset.from_tensor_slices(files)
+    ds = tf.data.Dataset.from_tensor_slices((tf.constant(files, tf.string),
+                                             tf.constant([intact.get(f, -1) for f in files], tf.int64)))
     if shuffle and not limit:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     ds = ds.interleave(read, cycle_length=min(len(files), _CYCLE), block_length=1, num_parallel_calls=AUTOTUNE,
@@ -142,7 +159,7 @@ def _records(files, holdout=None, shuffle=False, seed=0, limit=None):
     if limit:
         ds = ds.take(limit)
     if shuffle:
-        ds = ds.shuffle(min(limit or SHUFFLE_BUFFER, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(min(limit or buffer, buffer), seed=seed, reshuffle_each_iteration=True)
     return ds
 
 
@@ -162,7 +179,28 @@ def _describe(record, name):
     return example["image/class/label"], name
 
 
-def _count(files, holdout, where):
+def _check_files(files, opts):
+    """``{file: intact records}`` of the damaged files (``skip_bad_files``: each named once, only its
+    records before the damage read), after walking every file's record framing; without
+    ``skip_bad_files`` a damaged file is a DataError naming it and the byte."""
+    intact = {}
+    for path in files:
+        try:
+            records, problem, _ = check_tfrecord_file(path)
+        except OSError as e:
+            raise DataError(f"{path}: cannot read the file ({e.strerror or e})") from None
+        if problem is None:
+            continue
+        if not opts.skip_bad_files:
+            raise DataError(f"{path}: {problem}; write the file again, or pass --skip_bad_files to read its "
+                            f"{records} record(s) before the damage")
+        logging.warning("%s: %s; reading its %d record(s) before the damage (--skip_bad_files)", path, problem,
+                        records)
+        intact[path] = records
+    return intact
+
+
+def _count(files, holdout, where, intact=None):
     """``({"train": n, "test": m}, (lowest label, highest label))`` of ``files``' records (all in
     ``"train"`` unless ``holdout``): one pass, no image decoded."""
     def fields(record, name):
@@ -173,7 +211,8 @@ def _count(files, holdout, where):
     counts, low, high = {"train": 0, "test": 0}, None, None
     threshold = int(round(holdout * _HASH_BUCKETS)) if holdout else -1
     try:
-        for labels, buckets in _records(files).map(fields, num_parallel_calls=AUTOTUNE).batch(8192).as_numpy_iterator():
+        for labels, buckets in (_records(files, intact=intact).map(fields, num_parallel_calls=AUTOTUNE).batch(8192)
+                                .as_numpy_iterator()):
             test = buckets < threshold
             counts["test"] += int(test.sum())
             counts["train"] += int((~test).sum())
@@ -184,14 +223,36 @@ def _count(files, holdout, where):
     return counts, (low, high)
 
 
-def _sample(files, opts, where, channels):
+def _fingerprints(files, holdout, where, intact, limit):
+    """``(train side, test side)``: uint64 hashes of the image bytes of ``files``' records as the
+    splits read them (held out by ``holdout``, else all on the train side; the first ``limit`` of each)."""
+    def fields(record, name):
+        encoded = tf.io.parse_single_example(record, {"image/encoded": _features()["image/encoded"]})
+        return encoded["image/encoded"], tf.strings.to_hash_bucket_fast(record, _HASH_BUCKETS)
+
+    threshold = int(round(holdout * _HASH_BUCKETS)) if holdout else -1
+    sides = {"train": [], "test": []}
+    try:
+        batches = _records(files, intact=intact).map(fields, num_parallel_calls=AUTOTUNE).batch(4096)
+        for encoded, buckets in batches:
+            prints = tf.bitcast(tf.fingerprint(encoded), tf.uint64).numpy()
+            test = buckets.numpy() < threshold
+            sides["test"].append(prints[test])
+            sides["train"].append(prints[~test])
+    except tf.errors.OpError as e:
+        raise DataError(f"{where}: cannot read the records ({e.message.splitlines()[0]})") from None
+    out = [np.concatenate(sides[side]) if sides[side] else np.zeros((0,), np.uint64) for side in ("train", "test")]
+    return tuple(fp[:limit] if limit else fp for fp in out)
+
+
+def _sample(files, opts, where, channels, intact=None):
     """Decodes the first :data:`STATS_SAMPLE` train records: ``(images uint8 [n, H, W, C], (H, W), C)``."""
     images, names = [], []
     try:
-        for raw, _, name in _records(files).take(STATS_SAMPLE).map(_load).as_numpy_iterator():
+        for raw, _, name in _records(files, intact=intact).take(STATS_SAMPLE).map(_load).as_numpy_iterator():
             name = name.decode("utf-8", "replace")
             try:
-                image = decode_image(raw, "tensorflow")
+                image = decode_image(raw, "tensorflow", max_pixels=opts.max_image_pixels)
                 if opts.size is None and images and image.shape[:2] != images[0].shape[:2]:
                     h, w = images[0].shape[:2]
                     raise ImageDecodeError(f"image is {image.shape[0]}x{image.shape[1]} but the first image "
@@ -233,6 +294,10 @@ def _load_tfrecord(spec, opts):
         test_files = []
     holdout = opts.holdout_fraction if test_files is None else None
     first = "train" if train_files else "test"  # the split whose labels and images set the classes and shape
+    all_files = sorted(set(train_files) | set(test_files or []))
+    intact = _check_files(all_files, opts)
+    register_tfrecord_files(all_files)
+    total_bytes = sum(os.path.getsize(f) for f in all_files)
 
     counts, meta, labels_high = {}, None, None
     for side, files in (("train", train_files), ("test", test_files if holdout is None else None)):
@@ -242,7 +307,7 @@ def _load_tfrecord(spec, opts):
         if found is not None and holdout is None:
             counts[side] = int(found["splits"][found_side]["count"])
         else:
-            n, (_, high) = _count(files, holdout, spec)
+            n, (_, high) = _count(files, holdout, spec, intact)
             counts.update(n if holdout is not None else {side: n["train"]})
             labels_high = high if side == first else labels_high
         meta = meta or (found if side == first else None)
@@ -257,10 +322,11 @@ def _load_tfrecord(spec, opts):
 
     sample_files = train_files or test_files
     channels = opts.channels or (int(meta["channels"]) if meta and meta.get("channels") else None)
-    sample, size, channels = _sample(sample_files, opts, spec, channels)
+    sample, size, channels = _sample(sample_files, opts, spec, channels, intact)
     image_shape = (*size, channels)
     mean, std = _channel_stats([sample], channels) if train_files else ((0.5,) * channels, (0.5,) * channels)
     bad_files = BadFiles() if opts.skip_bad_files else None
+    buffer = shuffle_buffer(total_bytes / max(1, sum(counts.values())))
 
     def split(name, files, side):
         if not files:
@@ -268,17 +334,26 @@ def _load_tfrecord(spec, opts):
         keep = (holdout, side) if holdout is not None else None
 
         def records(shuffle, seed, repeat=False):  # reshuffled each pass by tf.data (see Stream)
-            ds = _records(files, keep, shuffle, seed, opts.max_examples)
+            ds = _records(files, keep, shuffle, seed, opts.max_examples, intact, buffer, opts.skip_bad_files)
             return ds.repeat() if repeat else ds
 
         return Split(name, counts.get(side, 0), stream=Stream(
-            records, lambda ds: decode_records(ds, _load, _describe, image_shape, opts.size is not None, bad_files)))
+            records, lambda ds: decode_records(ds, _load, _describe, image_shape, opts.size is not None, bad_files,
+                                               max_pixels=opts.max_image_pixels)))
 
     if holdout is not None:
         train, test = split("train", train_files, "train"), split("test", train_files, "test")
     else:
         train, test = split("train", train_files, "train"), split("test", test_files, "test")
     name = (meta or {}).get("name") or os.path.basename(train_glob)
-    return _make_info(name=name, spec=spec, train=train, test=test, num_classes=num_classes,
+    info = _make_info(name=name, spec=spec, train=train, test=test, num_classes=num_classes,
                       class_names=class_names, mean=mean, std=std, image_shape=image_shape, notes=notes,
                       bad_files=bad_files)
+    if not opts.check_duplicates or (opts.splits == "all" and not (test_files or holdout is not None)):
+        return info
+    if holdout is not None:
+        train_fp, test_fp = _fingerprints(train_files, holdout, spec, intact, opts.max_examples)
+    else:
+        train_fp = _fingerprints(train_files, None, spec, intact, opts.max_examples)[0] if train_files else None
+        test_fp = _fingerprints(test_files, None, spec, intact, opts.max_examples)[0] if test_files else None
+    return _with_fingerprints(info, train=train_fp, test=test_fp)
