@@ -37,6 +37,7 @@ import glob
 import json
 import math
 import os
+import re
 import signal
 import time
 
@@ -72,11 +73,14 @@ def state_path(run_dir):
 def latest(run_dir):
     """The last intact backup's state dict, or None when the folder holds no backup at all.
 
-    The newest backup (``state.json``'s ``weights``) is checked (every array's CRC); when it is
-    damaged the one before (``previous``) is used, with one line saying so. A missing or unreadable
-    ``state.json`` beside weight files is recovered from the newest intact weight file's own record
-    (one line), never taken for a fresh start. What cannot be used is a :class:`runs.RunFolderError`
-    naming the file."""
+    ``state.json`` is checked against its schema (:func:`check_state`: types, ranges, and the step
+    its weight file is named after); the newest backup (``state.json``'s ``weights``) is checked
+    (every array's CRC) and must agree with the state its weight file records of itself; when it is
+    damaged the one before (``previous``) is used, with one line saying so. A missing, unreadable or
+    invalid ``state.json`` beside weight files is recovered from the newest intact weight file's own
+    record (one line), never taken for a fresh start. What cannot be used is a
+    :class:`runs.RunFolderError` naming the file. :func:`restore` then checks the arrays against
+    the model (and falls back the same way)."""
     folder = os.path.join(run_dir, BACKUP_DIR)
     path = state_path(run_dir)
     weights = sorted(glob.glob(os.path.join(folder, "weights-*.npz")))
@@ -86,7 +90,11 @@ def latest(run_dir):
     try:
         with open(path) as f:
             state = json.load(f)
-        _check_state(state)
+        check_state(state)
+        own = _embedded_state(os.path.join(folder, state["weights"]))
+        if own is not None and (own["epoch"], own["step"]) != (state["epoch"], state["step"]):
+            raise ValueError(f"it says epoch {state['epoch']}, step {state['step']}, but {state['weights']} records "
+                             f"epoch {own['epoch']}, step {own['step']}")
     except (OSError, ValueError) as e:
         recovered = _recover_without_state(run_dir, weights, f"unreadable ({e})") if weights else None
         if recovered is None:
@@ -105,15 +113,56 @@ def latest(run_dir):
                               "earlier backup is intact; pass --overwrite to start the run again")
 
 
-def _check_state(state):
-    """Raises ValueError unless ``state`` has what a resume needs."""
+_WEIGHTS_NAME = re.compile(r"^weights-(\d{1,18})\.npz$")
+#: The most steps a state may record (more is no run of this tool: a damaged file).
+MAX_STEP = 10 ** 15
+
+
+def check_state(state, nested=False):
+    """Raises ValueError (saying which entry) unless ``state`` is a backup state a resume can use:
+    a JSON object with ``epoch`` and ``step`` integers (not booleans, not floats) in range, a
+    ``weights`` file name ``weights-<step>.npz`` of that step, an optional string ``reason`` and a
+    ``previous`` state of the same schema (or null)."""
     if not isinstance(state, dict):
         raise ValueError("not a JSON object")
     for key in ("epoch", "step", "weights"):
         if key not in state:
             raise ValueError(f"no {key!r} entry")
-    if not isinstance(state["weights"], str) or "/" in state["weights"]:
+    for key in ("epoch", "step"):
+        value = state[key]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{key!r} is {value!r}, not an integer")
+        if not 0 <= value <= MAX_STEP:
+            raise ValueError(f"{key!r} is {value}, out of range")
+    if state["epoch"] > state["step"]:
+        raise ValueError(f"epoch {state['epoch']} is more than its step {state['step']}")
+    match = _WEIGHTS_NAME.match(state["weights"]) if isinstance(state["weights"], str) else None
+    if match is None:
         raise ValueError(f"bad 'weights' entry {state['weights']!r}")
+    if int(match.group(1)) != state["step"]:
+        raise ValueError(f"'weights' {state['weights']!r} is not the weight file of step {state['step']}")
+    if "reason" in state and not isinstance(state["reason"], str):
+        raise ValueError(f"'reason' is {state['reason']!r}, not a string")
+    previous = state.get("previous")
+    if previous is not None:
+        if nested:
+            raise ValueError("a 'previous' entry inside 'previous'")
+        try:
+            check_state(previous, nested=True)
+        except ValueError as e:
+            raise ValueError(f"'previous': {e}") from None
+
+
+
+def check_progress(state, steps_per_epoch, total_steps):
+    """Why ``state`` cannot be a backup of this run (its epoch is not its step's, or its step lies
+    past the run's ``total_steps``), or None."""
+    if steps_per_epoch and state["epoch"] != state["step"] // steps_per_epoch:
+        return (f"records epoch {state['epoch']} at step {state['step']}, but this run's epochs are "
+                f"{steps_per_epoch} steps")
+    if total_steps and state["step"] > total_steps:
+        return f"records step {state['step']}, past this run's {total_steps} steps"
+    return None
 
 
 def _damage(path):
@@ -141,7 +190,7 @@ def _embedded_state(path):
             if STATE_KEY not in data.files:
                 return None
             state = json.loads(str(data[STATE_KEY]))
-        _check_state(state)
+        check_state(state)
         return state
     except Exception:  # a damaged file: not usable
         return None
@@ -336,7 +385,7 @@ def _previous_backup(run_dir, name):
     try:
         with open(state_path(run_dir)) as f:
             state = json.load(f)
-        _check_state(state)
+        check_state(state)
     except (OSError, ValueError):
         return None
     if _damage(os.path.join(run_dir, BACKUP_DIR, state["weights"])) is not None:  # the one before it, if intact
@@ -348,22 +397,66 @@ def _previous_backup(run_dir, name):
     return {k: state[k] for k in ("epoch", "step", "weights", "reason") if k in state}
 
 
-def restore(model, run_dir, state):
-    """Loads a backup into a compiled ``model`` (its optimizer is built first, so its state loads)."""
+def restore(model, run_dir, state, steps_per_epoch=None, total_steps=None):
+    """Loads a backup into a compiled ``model`` (its optimizer is built first, so its state loads);
+    returns the state it restored.
+
+    Every array is read and checked before any is assigned: its name, shape and dtype must be those
+    of the model's variable, its values finite; with ``steps_per_epoch`` / ``total_steps`` the
+    state's epoch and step must fit this run (:func:`check_progress`). A backup that fails is not
+    used: the one before it (``previous``) is tried, with one line saying so; when neither is usable
+    a :class:`runs.RunFolderError` names both and what is wrong with each."""
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    path = os.path.join(run_dir, BACKUP_DIR, state["weights"])
-    with np.load(path) as data:
-        keys = sorted(k for k in data.files if k != STATE_KEY)
-        variables = _variables(model)
-        saved = [k.split("|", 1)[1] for k in keys]
-        if saved != [v.path for v in variables]:
-            differ = next((f"{a} != {b}" for a, b in zip(saved, (v.path for v in variables)) if a != b),
-                          f"{len(saved)} saved, {len(variables)} in the model")
-            raise runs.RunFolderError(f"run folder {run_dir!r}: the backup {state['weights']} does not match the "
-                                      f"model these flags build ({differ}); pass --overwrite to start again")
-        for variable, key in zip(variables, keys):
-            variable.assign(data[key])
+    variables = _variables(model)
+    problems = []
+    for candidate in (state, state.get("previous")):
+        if not candidate:
+            continue
+        path = os.path.join(run_dir, BACKUP_DIR, candidate["weights"])
+        problem = check_progress(candidate, steps_per_epoch, total_steps) or _damage(path)
+        arrays = None
+        if problem is None:
+            arrays, problem = _read_arrays(path, variables)
+        if problem is None:
+            for variable, array in zip(variables, arrays):
+                variable.assign(array)
+            if problems:
+                print(f"warning: {problems[0]}; resuming from the backup before it, {candidate['weights']} (epoch "
+                      f"{candidate['epoch'] + 1}, step {candidate['step']})", flush=True)
+                return {**candidate, "previous": None}
+            return candidate
+        problems.append(f"{BACKUP_DIR}/{candidate['weights']} {problem}")
+    raise runs.RunFolderError(f"run folder {run_dir!r}: no usable backup: {'; '.join(problems)}; pass --overwrite "
+                              "to start the run again")
+
+
+def _read_arrays(path, variables):
+    """``(arrays in the order of variables, None)``, or ``(None, why the file does not fit them)``:
+    the names, shapes and dtypes of the model's variables, and finite values."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            keys = sorted(k for k in data.files if k != STATE_KEY)
+            saved = [k.split("|", 1)[-1] for k in keys]
+            if saved != [v.path for v in variables]:
+                differ = next((f"{a} != {b}" for a, b in zip(saved, (v.path for v in variables)) if a != b),
+                              f"{len(saved)} saved, {len(variables)} in the model")
+                return None, f"does not match the model these flags build ({differ})"
+            arrays = []
+            for variable, key in zip(variables, keys):
+                array = data[key]
+                want = np.dtype(keras.backend.standardize_dtype(variable.dtype))
+                if tuple(array.shape) != tuple(variable.shape):
+                    return None, (f"does not fit the model: {variable.path} is saved with shape {tuple(array.shape)}, "
+                                  f"the model's is {tuple(variable.shape)}")
+                if array.dtype.kind not in "biuf" or not np.can_cast(array.dtype, want, "same_kind"):
+                    return None, f"does not fit the model: {variable.path} is saved as {array.dtype}, not {want}"
+                if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+                    return None, f"is damaged: {variable.path} holds non-finite values"
+                arrays.append(array)
+    except Exception as e:  # noqa: BLE001 - whatever a damaged file raises: it is not used
+        return None, f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return arrays, None
 
 
 class Writer:

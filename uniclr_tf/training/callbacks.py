@@ -229,7 +229,8 @@ class CollapseDetector(keras.callbacks.Callback):
     (docs: "collapse detection"); either one fires:
 
     * ``std``: the embedding std (:func:`uniclr_tf.objectives.embedding_std`, about ``1/sqrt(D)`` when
-      spread out) below ``std_fraction / sqrt(D)`` after the first epoch. Healthy runs stayed above
+      spread out) below ``std_fraction / sqrt(D)`` after the first epoch, and at the end of a run's
+      last epoch whichever it is (a one-epoch run is checked too). Healthy runs stayed above
       0.14/sqrt(D) (the whitening objectives, whose projector outputs are low-rank before whitening,
       are the lowest); SimCLR with a symmetric loss that collapsed it fell to 0.008/sqrt(D).
     * ``knn``: a kNN-monitor reading below the raw-pixel kNN baseline by more than ``knn_margin``,
@@ -256,10 +257,15 @@ class CollapseDetector(keras.callbacks.Callback):
         self.best_knn = None
         self.healthy_epoch = None  # the last epoch whose kNN reading passed
 
+    def _last_epoch(self, epoch):
+        """Whether ``epoch`` (0-based) is the last one ``fit`` runs."""
+        epochs = (self.params or {}).get("epochs")
+        return bool(epochs) and epoch + 1 >= int(epochs)
+
     def signal(self, epoch, logs):
         """The signal that fires at the end of (0-based) ``epoch``, as a phrase, or None."""
         std = logs.get("embedding_std")
-        if std is not None and epoch >= 1 and math.isfinite(float(std)):
+        if std is not None and (epoch >= 1 or self._last_epoch(epoch)) and math.isfinite(float(std)):
             if float(std) < self.std_fraction * self.healthy_std:
                 return (f"embedding std {float(std):.2e}, below {self.std_fraction} x the {self.healthy_std:.3f} of "
                         "spread-out embeddings")

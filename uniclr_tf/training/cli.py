@@ -140,6 +140,15 @@ def check_writable(folder):
         raise UsageError(f"--run_dir={folder}: cannot create or write there ({e.strerror or e})") from None
 
 
+def refuse_foreign_folder(run_dir):
+    """Raises the refusal of :func:`prepare_run_folder` for a non-empty folder that holds no run of
+    this tool, before anything (the lock file) is written into it."""
+    from uniclr_tf.training import runs
+    if os.path.isdir(run_dir) and set(os.listdir(run_dir)) - {runs.LOCK_FILE} and not runs.is_run_folder(run_dir):
+        raise UsageError(f"--run_name: {run_dir} exists and holds files that are not a run of uniclr_tf.train "
+                         "(no config.json + flags.txt); choose another --run_name or --run_dir")
+
+
 #: Settings whose default changed, with the default they had before: a run folder made with the old
 #: default resumes with it (its config.json says so), not with the new one.
 CHANGED_DEFAULTS = {"batch_norm": "global"}
@@ -195,9 +204,8 @@ def prepare_run_folder(cfg, run_dir):
         raise UsageError(f"--run_name: {run_dir} holds a run with other flags: {listed}{more}. Pass --overwrite to "
                          "start it again, or another --run_name")
     metrics_path = os.path.join(run_dir, "metrics.json")
-    if os.path.exists(metrics_path):
-        with open(metrics_path) as f:
-            metrics = json.load(f)
+    metrics = _read_metrics(metrics_path) if os.path.exists(metrics_path) else None
+    if metrics is not None:
         if metrics.get("status", "finished") == "finished":
             return "finished", metrics
         if metrics.get("status") == "collapsed":  # the same flags would collapse again
@@ -243,12 +251,37 @@ def enable_compilation_cache(path, autotune_table=True):
     return path
 
 
+def _read_metrics(path):
+    """``metrics.json`` as a dict, or None (with one warning line) when it is not a JSON object with a
+    string ``status``: the run then resumes from its backup, whose final stage writes it again."""
+    try:
+        with open(path) as f:
+            metrics = json.load(f)
+        if isinstance(metrics, dict) and isinstance(metrics.get("status", "finished"), str):
+            return metrics
+        problem = "not a JSON object with a string 'status'"
+    except (OSError, ValueError) as e:
+        problem = f"unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    print(f"warning: {path} is {problem}; resuming the run from its backup", flush=True)
+    return None
+
+
 def _read_history(run_dir, completed_epochs):
+    """The epochs of ``history.json`` up to ``completed_epochs``; entries that are not objects with
+    an integer ``epoch`` are dropped, and an unreadable file (one warning line) is an empty history."""
     path = os.path.join(run_dir, "history.json")
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        return [e for e in json.load(f) if e["epoch"] <= completed_epochs]
+    try:
+        with open(path) as f:
+            entries = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"warning: {path} is unreadable ({type(e).__name__}); the history restarts from this epoch", flush=True)
+        return []
+    if not isinstance(entries, list):
+        entries = []
+    return [e for e in entries if isinstance(e, dict) and isinstance(e.get("epoch"), int)
+            and not isinstance(e.get("epoch"), bool) and e["epoch"] <= completed_epochs]
 
 
 @dataclasses.dataclass
@@ -371,7 +404,8 @@ def _load_data(ctx):
     info = data.load_dataset(spec.dataset, image_size=spec.image_size or None, data_dir=spec.data_dir or None,
                              skip_bad_files=spec.skip_bad_files, max_examples=spec.max_examples or None,
                              eval_spec=spec.eval_dataset or None, holdout_fraction=spec.holdout_fraction,
-                             max_in_memory_mb=spec.max_in_memory_mb, max_image_pixels=spec.max_image_pixels or None)
+                             max_in_memory_mb=spec.max_in_memory_mb, max_image_pixels=spec.max_image_pixels or None,
+                             check_duplicates=cfg.invocation.check_duplicates)
     if ctx.chief:  # where the test split comes from, what is held out, whether the data streams
         for note in info.notes:
             print(note, flush=True)
@@ -420,6 +454,7 @@ def _open_run_folder(ctx, held):
     run_dir = ctx.run_dir = run_path(ctx.cfg)
     cfg = ctx.cfg = keep_changed_defaults(ctx.cfg, run_dir)
     if ctx.chief:
+        refuse_foreign_folder(run_dir)  # before the lock: nothing is written into a folder that is not a run
         held.enter_context(runs.RunLock(run_dir))  # one process at a time; the others see who holds it
         status, found = prepare_run_folder(cfg, run_dir)
         if status != "new":  # what a process killed mid-write (kill -9) left behind
@@ -432,6 +467,10 @@ def _open_run_folder(ctx, held):
     if status == "finished":
         print(f"run folder {run_dir}: this run already finished ({found.get('epochs')} epochs); its results are in "
               f"{os.path.join(run_dir, 'metrics.json')}. Pass --overwrite to train it again.")
+        if cfg.invocation.export and ctx.chief:  # asked now: the finished run is exported now
+            from uniclr_tf.serving.export import export_run
+            export_run(run_dir, os.path.join(run_dir, "export"), overwrite=True)
+            print(f"exported the finished run to {os.path.join(run_dir, 'export')} (--export)", flush=True)
         return found
     ctx.status, ctx.state = status, found if status == "resume" else None
     resume_from = cfg.invocation.resume_from
@@ -460,8 +499,11 @@ def _build_training_model(ctx):
         # The optimizer's variables now, with the model's (as a resume does), not inside fit: on JAX
         # their initialisers are XLA compiles of their own, which would count in the first epoch.
         model.optimizer.build(model.trainable_variables)
-        if ctx.state:
-            backup.restore(model, cfg.invocation.resume_from if ctx.status == "new" else ctx.run_dir, ctx.state)
+        if ctx.state:  # the backup restored (a damaged newest one falls back to the one before)
+            own = ctx.status != "new"  # --resume_from's run may have other epochs
+            ctx.state = backup.restore(model, ctx.run_dir if own else cfg.invocation.resume_from, ctx.state,
+                                       steps_per_epoch=ctx.steps_per_epoch if own else None,
+                                       total_steps=cfg.optim.epochs * ctx.steps_per_epoch if own else None)
     ctx.model = model
 
 
@@ -569,6 +611,10 @@ def _fit(ctx, ev):
         try:
             _fit_epochs(ctx, callbacks)
             fit.writer.wait()  # the last backup is on disk (and was finite)
+            if fit.interrupts.signal is not None:  # acknowledged after the last step: it stops the run all the same
+                fit.stopped = signal.Signals(fit.interrupts.signal).name
+                if ctx.chief:
+                    fit.history.write()
         except backup.StopTraining as e:  # between two steps, after a backup
             fit.stopped = e.reason
             if ctx.chief:
@@ -798,7 +844,8 @@ def _write_run_files(run_dir, cfg, augmenter, info, size):
                             "image_shape": [size, size, info.image_shape[-1]],
                             "num_classes": info.num_classes, "mean": list(map(float, info.mean)),
                             "std": list(map(float, info.std)), "num_train": info.num_train,
-                            "num_test": info.num_test, "streamed": not info.in_memory})
+                            "num_test": info.num_test, "streamed": not info.in_memory,
+                            "test_duplicates_of_train": info.test_duplicates})
 
 
 def _record_failure(run_dir, cfg, status, reason, progress, at=None, **extra):
@@ -871,10 +918,10 @@ def main(argv):
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_COLLAPSED)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES) or "space" in str(e):
-            sys.exit(f"error: could not write {e.filename or 'a file'} ({e.strerror}); files written before are "
-                     "intact, including the last backup: make room and rerun the same command to resume")
-        raise
+        line = write_error_line(e)
+        if line is None:
+            raise
+        sys.exit(line)
     except UsageError as e:  # a bad flag or value, named; any other ValueError is a bug: its traceback
         sys.exit(f"error: {e}")
     except Exception as e:  # a streamed image that fails to decode (tf.data's error carries its name)
@@ -882,6 +929,20 @@ def main(argv):
         if bad is None:
             raise
         sys.exit(f"error: {bad} (found while streaming; --skip_bad_files skips such files)")
+
+
+def write_error_line(e):
+    """The ``error:`` line of a failed write (None for another OSError): a full disk asks for room,
+    a permission or read-only refusal names the file and asks for access (or another --run_dir)."""
+    where = e.filename or "a file"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"error: could not write {where} ({e.strerror}): permission denied or a read-only file system; "
+                "files written before are intact, including the last backup: make it writable (or pass another "
+                "--run_dir) and rerun the same command to resume")
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or "space" in str(e):
+        return (f"error: could not write {where} ({e.strerror}); files written before are intact, including the "
+                "last backup: make room and rerun the same command to resume")
+    return None
 
 
 def entry_point():
