@@ -30,15 +30,21 @@ The run folder is read through :class:`uniclr_tf.training.runs.RunFolder`: a mis
 with one ``RunFolderError`` line naming it.
 
 ``--out`` must be missing or empty: a non-empty folder is refused with one line naming it, unless
-``--overwrite``, which replaces it entirely (nothing of the old folder is left). The export is
+``--overwrite``, which replaces it entirely (nothing of the old folder is left), and only when it
+holds an export of this tool (``export.json``, a SavedModel, or numbered SavedModel folders): a
+folder of other files is refused even with ``--overwrite``, as ``uniclr_tf.train`` refuses to
+overwrite a folder that holds no run. The export is
 written into a temporary sibling folder (``.NAME.tmp-*``) and renamed to ``--out`` at the end, so a
 crash or kill mid-export never leaves a half-written export there: the previous export, if any,
 stays intact until the rename (a killed export leaves its ``.NAME.tmp-*`` folder behind, which can
 be deleted). With ``--version=N`` the unit is the version folder ``<out>/N``: it is written the same
-way (its temporary folder inside ``<out>`` is not a number, so TF Serving ignores it), the other
-version folders of ``<out>`` are kept (TF Serving picks up the new one), ``--overwrite`` is needed
-only to replace an existing ``<out>/N``, and ``backbone.keras`` and ``export.json`` (the latest
-export's) are then replaced atomically.
+way (its temporary folder inside ``<out>`` is not a number, so TF Serving ignores it) and holds its
+own ``export.json``, the other version folders of ``<out>`` are kept (TF Serving picks up the new
+one), ``--overwrite`` is needed only to replace an existing ``<out>/N``, and ``backbone.keras`` and
+``export.json`` (the latest export's) are then replaced atomically. An export killed after ``<out>/N``
+appeared but before those two were replaced is finished by running the same command again (no
+``--overwrite`` needed), and :func:`find_saved_model` already names ``<out>/N``, the latest export.
+Temporary files of killed exports are removed by the next export into the same ``--out``.
 
 Only NumPy (and the standard-library :mod:`uniclr_tf.training.runs` and :mod:`uniclr_tf.config.fields`) is imported
 at module level: :func:`check_images` serves ``export/client.py`` without TensorFlow or Keras.
@@ -49,8 +55,10 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import shutil
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -111,15 +119,52 @@ def check_run_dir(run_dir, force=False):
         "its encoder would serve a collapsed representation; pass --force to export it anyway"))
 
 
-def find_saved_model(export_dir):
-    """The SavedModel folder of an export: the one its ``export.json`` names (the latest export),
-    else ``export_dir`` itself, else its highest numbered version folder."""
+def _read_meta(path):
+    """An ``export.json`` as a dict, or None."""
     try:
-        with open(os.path.join(export_dir, EXPORT_JSON)) as f:
-            named = os.path.join(export_dir, json.load(f)["saved_model_dir"])
+        with open(path) as f:
+            meta = json.load(f)
+        return meta if isinstance(meta, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _newer_version(export_dir, than=None):
+    """``(version folder, its export.json)`` of the latest export written into a numbered version
+    folder (each holds its own ``export.json``) if it is newer than the ``export.json`` ``than``
+    (None: any), else ``(None, None)``."""
+    best, best_meta = None, None
+    if not os.path.isdir(export_dir):
+        return None, None
+    for name in os.listdir(export_dir):
+        folder = os.path.join(export_dir, name)
+        meta = _read_meta(os.path.join(folder, EXPORT_JSON)) if name.isdigit() else None
+        if meta is None or not os.path.isfile(os.path.join(folder, SAVED_MODEL_FILE)):
+            continue
+        stamp = meta.get("exported_at")
+        if not isinstance(stamp, (int, float)):
+            continue
+        if best_meta is None or stamp > best_meta["exported_at"]:
+            best, best_meta = folder, meta
+    if best_meta is None or (than is not None and isinstance(than.get("exported_at"), (int, float))
+                             and than["exported_at"] >= best_meta["exported_at"]):
+        return None, None
+    return best, best_meta
+
+
+def find_saved_model(export_dir):
+    """The SavedModel folder of an export: the latest export's (the one ``export.json`` names, or a
+    version folder whose own ``export.json`` is newer: an export killed before it replaced the
+    top-level files), else ``export_dir`` itself, else its highest numbered version folder."""
+    top = _read_meta(os.path.join(export_dir, EXPORT_JSON))
+    newer, _ = _newer_version(export_dir, top)
+    if newer is not None:
+        return os.path.normpath(newer)
+    try:
+        named = os.path.join(export_dir, top["saved_model_dir"])
         if os.path.isfile(os.path.join(named, SAVED_MODEL_FILE)):
             return os.path.normpath(named)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         pass
     if os.path.isfile(os.path.join(export_dir, SAVED_MODEL_FILE)):
         return export_dir
@@ -133,12 +178,24 @@ def find_saved_model(export_dir):
     return os.path.join(export_dir, str(max(versions)))
 
 
-def check_export_target(out_dir, version=None, overwrite=False, run_dir=None, what="export folder"):
+def is_export(folder):
+    """Whether ``folder`` holds an export of this tool: an ``export.json``, a SavedModel, or
+    numbered SavedModel folders (what ``--overwrite`` may replace)."""
+    if os.path.isfile(os.path.join(folder, EXPORT_JSON)) or os.path.isfile(os.path.join(folder, SAVED_MODEL_FILE)):
+        return True
+    return any(name.isdigit() and os.path.isfile(os.path.join(folder, name, SAVED_MODEL_FILE))
+               for name in os.listdir(folder))
+
+
+def check_export_target(out_dir, version=None, overwrite=False, run_dir=None, what="export folder",
+                        recognise=is_export):
     """The folder an export writes and replaces: ``out_dir``, or ``out_dir/<version>``.
 
     Raises ``ValueError`` (one line starting with ``--out=`` and naming the folder) when that folder
-    exists and is not empty and ``overwrite`` is False, when it (or ``out_dir``) is not a folder, or
-    when it holds ``run_dir``. Changes nothing on disk. ``what`` names the folder in the messages
+    exists and is not empty and ``overwrite`` is False, when ``overwrite`` is True but the folder
+    holds something else than what this tool writes there (``recognise(folder)``: an export, or
+    ``uniclr_tf.tools.release``'s release), when it (or ``out_dir``) is not a folder, or when it
+    holds ``run_dir``. Changes nothing on disk. ``what`` names the folder in the messages
     (``uniclr_tf.tools.release`` checks its release folder with it).
     """
     if not out_dir:
@@ -159,7 +216,42 @@ def check_export_target(out_dir, version=None, overwrite=False, run_dir=None, wh
                                  f"it (everything in it is deleted) or choose another --out")
             raise UsageError(f"--out={out_dir}: its version folder {target} is not empty; pass --overwrite to "
                              f"replace that version (the other versions are kept) or choose another --version")
+        if os.listdir(target) and not recognise(target):
+            raise UsageError(f"--out={out_dir}: --overwrite: {target} holds files that are not a {what} of this tool; "
+                             "refusing to delete them: remove them yourself or choose another --out")
     return target
+
+
+_DEAD_TEMP = re.compile(r"\.tmp-(\d+)-\d+")
+
+
+def remove_dead_temporaries(folder):
+    """Removes the temporary files (``NAME.tmp-<pid>-<n>...``) that a killed export left directly in
+    ``folder`` (their process no longer runs); returns their names."""
+    removed = []
+    if not os.path.isdir(folder):
+        return removed
+    for name in os.listdir(folder):
+        match = _DEAD_TEMP.search(name)
+        path = os.path.join(folder, name)
+        if match is None or not os.path.isfile(path) or _alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            os.remove(path)
+            removed.append(name)
+    return removed
+
+
+def _alive(pid):
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 @contextlib.contextmanager
@@ -310,6 +402,11 @@ def export_run(run_dir, out_dir, version=None, overwrite=False, force=False):
     folder = check_run_dir(run_dir, force=force)
     if version is not None and (not isinstance(version, int) or version < 1):
         raise ValueError(f"version must be a positive int (TF Serving's version folder); received {version!r}")
+    remove_dead_temporaries(out_dir)
+    if version is not None and not overwrite:
+        finished = _finish_interrupted(run_dir, out_dir, version)
+        if finished is not None:
+            return finished
     check_export_target(out_dir, version, overwrite, run_dir)  # before the slow work
     require_tensorflow_backend()
     import keras
@@ -332,12 +429,35 @@ def export_run(run_dir, out_dir, version=None, overwrite=False, force=False):
         if version is None:  # the whole export is this folder
             encoder.save(os.path.join(staging, BACKBONE_FILE))
             atomic_write_json(os.path.join(staging, EXPORT_JSON), meta)
+        else:  # the version folder says what it is (a killed export is finished from it)
+            atomic_write_json(os.path.join(staging, EXPORT_JSON), {**meta, "saved_model_dir": "."})
         check_export_target(out_dir, version, overwrite)  # still free (nothing appeared meanwhile)
         replace_dir(staging, dest)
     if version is not None:  # the latest export's metadata beside the version folders
         atomic_save(os.path.join(out_dir, BACKBONE_FILE), lambda tmp: encoder.save(tmp))
         atomic_write_json(os.path.join(out_dir, EXPORT_JSON), meta)
     return meta
+
+
+def _finish_interrupted(run_dir, out_dir, version):
+    """The ``export.json`` dict after finishing an export of ``run_dir`` into ``out_dir/<version>``
+    that was killed after its version folder appeared but before ``backbone.keras`` and
+    ``export.json`` beside it were replaced (None: there is none to finish)."""
+    folder = os.path.join(out_dir, str(version))
+    inner = _read_meta(os.path.join(folder, EXPORT_JSON))
+    if (inner is None or not os.path.isfile(os.path.join(folder, SAVED_MODEL_FILE))
+            or inner.get("source_run") != os.path.abspath(run_dir) or inner.get("version") != version):
+        return None
+    newer, _ = _newer_version(out_dir, _read_meta(os.path.join(out_dir, EXPORT_JSON)))
+    if os.path.normpath(newer or "") != os.path.normpath(folder) and os.path.isfile(os.path.join(out_dir,
+                                                                                                 BACKBONE_FILE)):
+        return None
+    require_tensorflow_backend()
+    encoder, _, _, _ = load_run(run_dir)
+    meta = {**inner, "saved_model_dir": os.path.relpath(folder, out_dir)}
+    atomic_save(os.path.join(out_dir, BACKBONE_FILE), lambda tmp: encoder.save(tmp))
+    atomic_write_json(os.path.join(out_dir, EXPORT_JSON), meta)
+    return {**meta, "finished_interrupted": True}
 
 
 @contextlib.contextmanager
@@ -390,6 +510,7 @@ def _export_meta(run_dir, out_dir, saved_model_dir, version, encoder, projector,
         "objective": config.get("objective", config.get("method")),
         "keras_version": keras_version,
         "tensorflow_version": tf_version,
+        "exported_at": time.time(),
     }
 
 
@@ -542,6 +663,9 @@ def run(cfg: ExportConfig):
             meta = export_run(cfg.run_dir, cfg.out, version=cfg.version or None, overwrite=cfg.overwrite,
                               force=cfg.force)
             where = os.path.join(cfg.out, meta["saved_model_dir"]) if cfg.version else cfg.out
+            if meta.get("finished_interrupted"):
+                print(f"finished the interrupted export of version {cfg.version}: {where} was complete; "
+                      f"{os.path.join(cfg.out, BACKBONE_FILE)} and {os.path.join(cfg.out, EXPORT_JSON)} now describe it")
             c, (h, w) = meta["channels"], meta["image_size"]
             print(f"SavedModel: {where} ({SIGNATURE}: {INPUT_NAME} uint8 [batch, height, width, {c}] "
                   f"(resampled to {h}x{w}) -> features [batch, {meta['feature_dim']}], embedding "

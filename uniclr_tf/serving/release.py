@@ -29,7 +29,10 @@ written. Before the folder is put in place, the release checks itself: ``backbon
 gives the run's ``encoder.keras`` features on a few images (and the SavedModel, reloaded, those of
 the run's models: ``uniclr_tf.serving.export.check_export``), within 1e-5.
 
-``--out`` must be missing or empty unless ``--overwrite``. The release is written into a temporary
+``--out`` must be missing or empty unless ``--overwrite``, which replaces only a release of this tool
+(``MODEL_CARD.md`` and ``SHA256SUMS``): a folder of other files is refused even with
+``--overwrite``. A run whose kNN top-1 is below its raw-pixel baseline is released with a warning,
+at the top of its model card too. The release is written into a temporary
 sibling folder (``.NAME.tmp-*``) and renamed to ``--out`` when complete (``uniclr_tf.export``'s
 helpers): an earlier release there is replaced only then, and a failed or killed release leaves it
 intact (a killed one leaves its ``.NAME.tmp-*`` folder, which can be deleted).
@@ -209,6 +212,23 @@ def saved_model_unavailable():
 # --------------------------------------------------------------------------------------------
 
 
+def is_release(folder):
+    """Whether ``folder`` holds a release of this tool (what ``--overwrite`` may replace)."""
+    return all(os.path.isfile(os.path.join(folder, name)) for name in (CARD_FILE, SUMS_FILE))
+
+
+def below_raw_pixels(metrics):
+    """A sentence saying the run's kNN top-1 is below its raw-pixel kNN baseline, or None."""
+    knn, raw = metrics.get("knn_top1"), metrics.get("raw_pixel_knn_top1")
+    below = metrics.get("below_raw_pixel_baseline")
+    if below is None and isinstance(knn, (int, float)) and isinstance(raw, (int, float)):
+        below = knn < raw
+    if not below:
+        return None
+    return (f"this encoder's kNN top-1 ({_num(knn)}) is below the raw-pixel kNN baseline ({_num(raw)}): its "
+            "features classify the test split worse than the pixels do; it learned nothing useful on this data")
+
+
 def _num(value, digits=4):
     return "n/a" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
@@ -247,6 +267,7 @@ def model_card(name, folder, metrics, config, linear, flags_text, backbone_info,
              f"from the run folder "
              f"`{name}` by `python -m uniclr_tf.tools.release` on {versions['date']} (uniclr-tf "
              f"{versions['uniclr_tf']}, Keras {versions['keras']}, backend {versions['backend']}).", "",
+             *([f"> **Warning**: {below_raw_pixels(metrics)}.", ""] if below_raw_pixels(metrics) else []),
              *_results_table(metrics, config, linear)]
     lines += ["", "## Training", "",
               f"- method: `{method}`" + (f" (options: {json.dumps(config['method_options'], sort_keys=True)})"
@@ -364,7 +385,11 @@ def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print, 
     / ``ValueError`` (refusals, before anything is written) or ``RuntimeError`` (a self-check failed:
     nothing is put in place)."""
     folder, metrics = check_run(run_dir, saved_model, force=force)
-    target = export.check_export_target(out_dir, None, overwrite, run_dir, what="release folder")
+    target = export.check_export_target(out_dir, None, overwrite, run_dir, what="release folder",
+                                        recognise=is_release)
+    below = below_raw_pixels(metrics)
+    if below:
+        log(f"warning: {below}")
     config = folder.config
     linear = folder.read_json(LINEAR_EVAL_FILE) if folder.has(LINEAR_EVAL_FILE) else None
     flags_text = None
@@ -425,7 +450,8 @@ def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print, 
             for n in names:
                 path = os.path.join(root, n)
                 files[os.path.relpath(path, staging).replace(os.sep, "/")] = os.path.getsize(path)
-        export.check_export_target(out_dir, None, overwrite, what="release folder")  # nothing appeared meanwhile
+        export.check_export_target(out_dir, None, overwrite, what="release folder",  # nothing appeared meanwhile
+                                   recognise=is_release)
         export.replace_dir(staging, dest)
     return {"out": out_dir, "files": files, "knn_top1": metrics.get("knn_top1"), "saved_model": why_not,
             "plain_bn_layers": replaced}
