@@ -28,7 +28,7 @@ STEPS = 3
 def build(name, ema):
     # A tiny model of method `name` (its own heads), with an EMA target of momentum `ema` if given.
     keras.utils.set_random_seed(1)
-    cls = methods.get(name)
+    cls = methods.get_class(name)
     options = dict(queue_size=24) if "queue_size" in cls.defaults else dict()
     if name == "zero_cl":  # a well-conditioned whitening (see check())
         options["zca_eps"] = 1.0

@@ -71,7 +71,7 @@ def test_keras_hub_encoders_train_with_an_ema_target(name):
     from uniclr_tf.nets.model import UniCLR
 
     keras.utils.set_random_seed(0)
-    method = methods.get("byol")()
+    method = methods.get_class("byol")()
     if name == "vit_tiny":
         encoder, size, channels = encoders.vit(name, (28, 28, 1), dims=TINY_VIT), 28, 1
     else:

@@ -39,7 +39,7 @@ from uniclr_tf.nets.model import UniCLR
 
 def build(name):
     keras.utils.set_random_seed(1)
-    cls = methods.get(name)
+    cls = methods.get_class(name)
     options = dict(queue_size=24) if "queue_size" in cls.defaults else dict()
     method = cls(**options)
     enc = encoders.build_encoder("tiny", (16, 16, 1), width=4)
@@ -117,7 +117,7 @@ def trained(tmp_path_factory):
 @pytest.mark.parametrize("name", NAMES)
 def test_method_declares_everything(name):
     from uniclr_tf.augment import RECIPES
-    cls = methods.get(name)
+    cls = methods.get_class(name)
     assert cls.name == name
     assert cls.family in ("UniCLR", "contrastive", "asymmetric", "whitening", "consistency")
     assert re.search(r"arXiv \d{4}\.\d{4,5}", cls.paper), cls.paper
