@@ -111,9 +111,9 @@ def define_flags():
                         "as the train CLI's --profile_steps does: python -m benchmarks.report trace FOLDER summarises it.")
     flags.DEFINE_integer("profile_steps", 5, "Steps traced with --profile_dir.")
     flags.DEFINE_string("coordinator_address", "", "With --num_processes > 1: process 0's HOST:PORT.")
-    flags.DEFINE_enum("batch_norm", "global", ["global", "global_one_pass", "per_device"],
-                      "Section a with --devices > 1: batch-norm statistics over the global batch or per device "
-                      "(train's --batch_norm).")
+    flags.DEFINE_enum("batch_norm", "global_one_pass", ["global", "global_one_pass", "per_device"],
+                      "The model's batch norm, as train's --batch_norm (its default too): the global batch's "
+                      "statistics from one pass or two, or per device with --devices > 1.")
     flags.DEFINE_float("peak_tflops", 0.0, "Section a's MFU: the device's peak TFLOP/s (0: the dense bf16 peak of "
                        "an H100 / H200 when the device is one; else no MFU).")
     flags.DEFINE_string("label", "", "Free-form label stored in the JSON.")
@@ -755,10 +755,10 @@ def run_bench():
     compute_dtype = "float32" if FLAGS.precision == "float32" else FLAGS.precision
 
     distribution = _data_parallel(backend, sections, batch)
+    result["config"]["batch_norm"] = FLAGS.batch_norm
     if distribution is not None:
         result["config"]["devices"] = FLAGS.devices
         result["config"]["processes"] = FLAGS.num_processes
-        result["config"]["batch_norm"] = FLAGS.batch_norm
     if needs_model:
         cfg, model, host_aug = build_training_model(shape, mean, std)
         result["config"]["model_params"] = int(sum(np.prod(v.shape) for v in model.trainable_variables))

@@ -316,22 +316,19 @@ def _bench_variant(jobs, r):
     if "a_model_only" in r:
         devices, procs = cfg.get("devices") or 1, cfg.get("processes") or 1
         name = "g1" if devices == 1 else (f"p{procs}" if procs > 1 else "base")
-        name += {"global_one_pass": "+onepass", "per_device": "+perdev"}.get(cfg.get("batch_norm", "global"), "")
+        bn = cfg.get("batch_norm") or "global"
         step = r["a_model_only"]
         layout = "1 GPU" if devices == 1 else (f"{procs} processes x 1 GPU" if procs > 1 else f"1 process x {devices} GPUs")
-        spec = {"run": name.split("+")[0], "gpus": devices, "batch_per_gpu": cfg["batch_size"] // devices,
-                "layout": layout + (f", --batch_norm={cfg['batch_norm']}" if "+" in name else "")}
+        spec = {"run": name, "gpus": devices, "batch_per_gpu": cfg["batch_size"] // devices, "batch_norm": bn,
+                "layout": f"{layout}, --batch_norm={bn}"}
         ms = 1000 * cfg["batch_size"] / step["images_per_s"]
+        name = f"{name} b{spec['batch_per_gpu']} {bn}"
     else:
         name = "torch.compile" if cfg.get("compile") else "eager"
         spec = {"run": "torch", "gpus": 1, "batch_per_gpu": cfg.get("batch_size"), "peer": True,
                 "layout": f"PyTorch, {name}, 1 GPU"}
         ms = 1000 * cfg["batch_size"] / r["images_per_s"]
         name = f"{name} b{cfg.get('batch_size')}"
-    if "+" not in name and " " not in name and spec["run"] != "torch":
-        name = f"{name} b{spec['batch_per_gpu']}"
-    elif "+" in name:
-        name = f"{name.split('+')[0]} b{spec['batch_per_gpu']}+{name.split('+', 1)[1]}"
     job = jobs.setdefault((card, date), {"card": card, "date": date, "job": f"{card}, {date}", "variants": {}})
     variant = job["variants"].setdefault(name, {**spec, "repeat_medians_ms": []})
     variant["repeat_medians_ms"].append(ms)
@@ -368,17 +365,13 @@ def scaling(paths):
                              "images_per_s": gpus * per_gpu * 1000 / ms["mean"] if ms else None,
                              "n": ms["n"] if ms else 0, "failed": v.get("failed", 0),
                              "epoch_end": stats(v.get("epoch_end_share_of_wall", [])),
-                             "_peer": v.get("peer", False), "_run": v.get("run")})
+                             "_peer": v.get("peer", False), "_run": v.get("run"), "_bn": v.get("batch_norm")})
         timed = [o for o in job_rows if o["images_per_s"] and not o["_peer"]]
-        reference = next((o for o in timed if o["variant"].split(" ")[0] == "g1" and "+" not in o["variant"]
-                          and o["_run"] != "s1"), None)
         for row in job_rows:
-            # weak scaling: the per-GPU rate over the one-GPU run's at the same images per GPU (g1, else the
-            # first one-GPU variant without options); strong: over GPUs x s1's, s1 being one GPU at this
-            # variant's global batch
-            ref = reference if reference and reference["batch_per_gpu"] == row["batch_per_gpu"] else next(
-                (o for o in timed if o["gpus"] == 1 and "+" not in o["variant"] and o["_run"] != "s1"
-                 and o["batch_per_gpu"] == row["batch_per_gpu"]), None)
+            # weak scaling: the per-GPU rate over the one-GPU run's (g1; the same batch norm where the runs
+            # say) at the same images per GPU; strong: over GPUs x s1's, s1 being one GPU at this global batch
+            ones = [o for o in timed if o["gpus"] == 1 and o["_run"] == "g1" and o["batch_per_gpu"] == row["batch_per_gpu"]]
+            ref = next((o for o in ones if o["_bn"] == row["_bn"]), ones[0] if ones else None)
             ok = row["images_per_s"] and not row["_peer"] and row["_run"] != "s1"
             row["weak"] = row["images_per_s"] / row["gpus"] / ref["images_per_s"] if ok and ref else None
             s1 = next((o for o in timed if o["_run"] == "s1" and o["batch_per_gpu"] == row["gpus"] * row["batch_per_gpu"]), None)
@@ -386,7 +379,7 @@ def scaling(paths):
             peers = [o for o in job_rows if o["_peer"] and o["images_per_s"] and o["batch_per_gpu"] == row["batch_per_gpu"]]
             row["vs_peer"] = row["images_per_s"] / peers[0]["images_per_s"] if peers and row["gpus"] == 1 else None
         for row in job_rows:
-            row.pop("_peer"), row.pop("_run")
+            row.pop("_peer"), row.pop("_run"), row.pop("_bn")
         rows += job_rows
     if rows:
         tables.append(table("Step time over GPUs: each repeat the median ms a step of its timed epochs", [

@@ -86,7 +86,8 @@ def jax_bench_runs(tmp_path_factory):
     port = free_port()
     for pid in (0, 1):
         procs[f"2p-{pid}"] = subprocess.Popen(
-            [*common, "--devices=2", "--num_processes=2", f"--process_id={pid}", f"--profile_dir={tmp_path / 'trace'}",
+            [*common, "--devices=2", "--batch_norm=global", "--num_processes=2", f"--process_id={pid}",
+             f"--profile_dir={tmp_path / 'trace'}",
              "--profile_steps=2", f"--coordinator_address=127.0.0.1:{port}", f"--out={tmp_path / 'bench2p.json'}"],
             cwd=REPO_ROOT, env={**env, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=1")},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
