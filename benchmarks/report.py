@@ -304,6 +304,7 @@ def collect_runs(runs_dir, first_epoch=3):
                           "repeat_medians_ms": repeat_ms, "epoch_end_ms": ends, "epoch_end_share_of_wall": shares,
                           "final_knn_seconds": final_knn, "failed": failed}
     return {"card": env.get("card"), "date": env.get("date"), "software": env.get("software"),
+            "job": f"{env['card']}, {env.get('date')}" if env.get("card") else None,
             "command": env.get("command"), "variants": variants}
 
 

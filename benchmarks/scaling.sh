@@ -42,7 +42,7 @@ EPOCHS=${EPOCHS:-6}; FROM=${FROM:-3}; PER_GPU=${PER_GPU:-512}; LIMIT=${LIMIT:-15
 OUT_DIR=${OUT_DIR:-runs/scaling}; RUNS_DIR=${RUNS_DIR:-$OUT_DIR/runs}; EXTRA=${EXTRA:-}
 [ "${GPUS:-0}" -ge 2 ] 2>/dev/null || { echo "scaling: GPUS must be 2 or more (found '${GPUS:-}')" >&2; exit 2; }
 export KERAS_BACKEND=jax PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
-mkdir -p "$OUT_DIR" "$RUNS_DIR/logs" "$RUNS_DIR/others"
+mkdir -p "$OUT_DIR" "$RUNS_DIR/logs"
 ALL=$(seq -s, 0 $((GPUS - 1)))
 COMMON=(--flagfile=configs/paper/fashion_mnist_simaffinity.flags --augment_on=device --epochs="$EPOCHS"
         --warmup_epochs=1 --knn_every=0 --knn_max_train=5000 --nopictures --overwrite --verbose=2
@@ -119,7 +119,7 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
       local k pids=() cpus=$(nproc)
       for ((k = GPUS - 1; k >= 0; k--)); do
         local name=$tag prefix=""
-        [ "$k" -gt 0 ] && name=others/$tag-g$k
+        [ "$k" -gt 0 ] && name=gpu$k.$tag  # not VARIANT-rN: only GPU 0's run is the variant's
         [ -n "$bind" ] && prefix="taskset -c $((k * cpus / GPUS))-$(((k + 1) * cpus / GPUS - 1))"
         XLA=$xla PREFIX=$prefix run "$name" "$k" 1 "${flags[@]}" & pids+=($!)
       done
