@@ -228,7 +228,7 @@ def stripes28(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def jax_without_tensorflow(run_dir, stripes28, tmp_path_factory):
-    """ONE JAX subprocess in which TensorFlow cannot be imported (as on the GPU machines; starting
+    """ONE JAX subprocess in which TensorFlow cannot be imported (as on a machine with JAX only; starting
     JAX and loading the encoder there cost ~15 s): the device-augmented and the ``--noaugment``
     linear evaluations through ``run``, then :func:`repeated_batch_losses` and its control."""
     out = tmp_path_factory.mktemp("jax") / "out.json"

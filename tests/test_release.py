@@ -37,7 +37,7 @@ LINEAR_TOP1 = 0.4321
 TOP_FILES = {"backbone.keras", "saved_model", "metrics.json", "flags.txt", "config.json", "dataset.json",
              "history.json", "linear_eval.json", "MODEL_CARD.md", "SHA256SUMS"}
 
-# A JAX process where TensorFlow cannot be imported (the GPU machines): the released backbones through
+# A JAX process where TensorFlow cannot be imported (a machine with JAX only): the released backbones through
 # the card's own snippet, with plain Keras (no uniclr_tf imported), then a release of the run.
 NO_TF_PROCESS = NO_TENSORFLOW + r"""
 import json, os, re, sys

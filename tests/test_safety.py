@@ -1,4 +1,4 @@
-"""Issue 25: nothing lost, nothing wiped. A locked run folder, a safe --overwrite, backups that
+"""Nothing lost, nothing wiped. A locked run folder, a safe --overwrite, backups that
 survive damage, an end of run ordered so that "finished" comes last, hostile folder datasets,
 signals at the edges, divergence inside an epoch, and a stand-in server that answers every request.
 

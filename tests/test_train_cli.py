@@ -185,7 +185,7 @@ print(json.dumps(metrics))
 
 
 def test_train_runs_under_jax_without_tensorflow(cli):
-    """The GPU machine has JAX but no TensorFlow: in-memory data + device augmentation still train."""
+    """A machine with JAX but no TensorFlow: in-memory data + device augmentation still train."""
     tmp_path, metrics = cli["no_tensorflow"]
     metrics = metrics.result()
     assert 0.0 < metrics["knn_top1"] <= 1.0 and metrics["steps"] == 3
