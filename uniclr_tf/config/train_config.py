@@ -325,8 +325,8 @@ class InvocationConfig(_Section):
                                       "seconds on a GPU); empty: off.")
     autotune_table: bool = flag(True, "JAX on a GPU: before the first compile, put the XLA autotuning results shipped "
                                       "for this card and jaxlib (uniclr_tf/training/autotune_tables) in the compilation cache, "
-                                      "so a first run does not time every convolution again (about 17 s of a "
-                                      "ResNet-18 step's 25 s compile on an H100/H200).")
+                                      "so a first run does not time every convolution again (most of the first "
+                                      "compile of a ResNet step).")
     tensorboard_every_steps: int = flag(10, "Write per-step TensorBoard scalars (step_<name>: the epoch's running "
                                             "means) every N optimizer steps; 0: per-epoch scalars only.")
     profile_steps: tuple = flag((), "FIRST,LAST: trace the device and host work of optimizer steps FIRST..LAST of "

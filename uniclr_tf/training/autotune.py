@@ -1,8 +1,7 @@
 """XLA's GPU autotuning results, shipped per card, so a first run does not time every kernel again.
 
 Most of a ResNet-18 train step's first XLA compile on a GPU is autotuning: XLA times the candidate
-algorithms of every convolution and matrix product and keeps the fastest (about 17 of 25 s on an
-H100 or H200). XLA can keep those results in a folder, one small file per fused kernel, keyed by
+algorithms of every convolution and matrix product and keeps the fastest. XLA can keep those results in a folder, one small file per fused kernel, keyed by
 the kernel's HLO and the card (compute capability, cores, clock, memory bandwidth, L2 size, cuDNN
 version); JAX's persistent compilation cache turns that folder on, as
 ``<cache>/xla_gpu_per_fusion_autotune_cache_dir``. A second run on a machine finds its results
@@ -17,7 +16,7 @@ among. XLA leaves version checks to its user ("use different directories for dif
 versions"), so a table is used only by the jaxlib version that wrote it.
 
 Make or extend a table on a GPU machine from the caches of runs made there
-(``benchmarks/gpu/autotune_table.sh`` runs the shipped configurations and does this)::
+(``bash benchmarks/speed.sh autotune_table`` runs the shipped configurations and does this)::
 
     python -m uniclr_tf.training.autotune collect CACHE_DIR [CACHE_DIR ...] [--table=PATH] [--configs=NAMES]
     python -m uniclr_tf.training.autotune list [--table=PATH]

@@ -223,10 +223,9 @@ def snapshot(model):
 
     On JAX the copy is one compiled call (with several processes, on this process's copy of the
     replicated values) that packs the values into flat pieces of at
-    most :data:`CHUNK_BYTES` per dtype (:class:`Packed`), fetched later piece by piece: fetching ~300
-    arrays one by one held the GIL for about 0.1 s a backup, and fetching one 130 MB array (a
-    ResNet-18's weights and momenta) held up the next epoch's first step by ~85 ms on an H200: time
-    the training thread waited for at every epoch end."""
+    most :data:`CHUNK_BYTES` per dtype (:class:`Packed`), fetched later piece by piece: fetching
+    hundreds of arrays one by one holds the GIL, and fetching one large array holds up the next epoch's
+    first step, time the training thread would wait for at every epoch end."""
     variables = _variables(model)
     if keras.backend.backend() == "jax":
         import jax
@@ -235,7 +234,7 @@ def snapshot(model):
             # A compiled call on the job's arrays would need every process (only this one backs up), so pack
             # this process's own copy of each: DataParallel replicates every variable, and a copy on this
             # process's device is packed and fetched as in one process, while the training goes on (fetching
-            # it at once held up each epoch end of 4 processes x 1 GPU by ~60-85 ms, against ~15 ms).
+            # it at once would hold up each epoch end).
             if not all(getattr(x, "is_fully_replicated", False) for x in values):  # sharded: fetch now
                 return list(zip((v.path for v in variables), jax.device_get(values)))
             values = [x.addressable_data(0) for x in values]
@@ -244,10 +243,9 @@ def snapshot(model):
 
 
 #: The size of a piece of a backup fetched from an accelerator at once (JAX; on a CPU a backup is
-#: one piece). While a piece is being fetched, the training thread's next device work waits for it
-#: (130 MB in one piece held up the next epoch's first step by ~85 ms on an H200; whether through the
-#: GIL or the transfer was not told apart), so a piece must be short next to the work queued on the
-#: device. Between two pieces the writer sleeps :data:`FETCH_PAUSE_S`.
+#: one piece). While a piece is being fetched, the training thread's next device work waits for it, so
+#: a piece must be short next to the work queued on the device. Between two pieces the writer sleeps
+#: :data:`FETCH_PAUSE_S`.
 CHUNK_BYTES = 4 << 20
 FETCH_PAUSE_S = 0.002
 
@@ -763,8 +761,7 @@ class BackupCallback(keras.callbacks.Callback):
 
     It works in ``on_train_batch_begin`` (steps before this batch are done) and counts steps itself:
     a callback with ``on_train_batch_end`` makes Keras convert the step's logs to Python numbers every
-    step, a device synchronisation that serialised host and device work (17 instead of 11 ms a step
-    on an H100); and on JAX, ``self.model`` copies the state back from the device, so it is touched
+    step, a device synchronisation that serialises host and device work; and on JAX, ``self.model`` copies the state back from the device, so it is touched
     only to back up.
 
     ``before_write``: optional, called in the training thread at each backup; the callable it returns

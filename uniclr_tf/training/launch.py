@@ -8,10 +8,8 @@ Starts N copies of ``python -m uniclr_tf.train`` with the arguments after ``--``
 --process_id=i --coordinator_address=127.0.0.1:PORT`` added: the job of ``--num_processes`` without
 writing its N command lines. ``--batch_size`` is the global batch, as with one process.
 
-Why: one JAX process driving several GPUs is host-bound on H100s (in a traced 2-GPU step each GPU's
-enqueuing thread took 14-15 ms a step, against 4 ms for one GPU alone); with one process per GPU each
-enqueues in 7 ms (2 × H100, ResNet-18 at 28 px, 512 images per GPU: weak scaling 0.875 against 0.80;
-4 × H100: 0.83 against 0.75; benchmarks/SCALING.md).
+Why: one JAX process driving several GPUs is host-bound (each GPU's enqueuing thread waits on the
+others), so one process per GPU scales better (docs/results/scaling.md).
 
 Process 0 writes to this terminal; process i's output goes to ``<log_dir>/process-<i>.log``. The
 processes run in their own session, so a SIGTERM or SIGINT to this launcher (or to its process
@@ -20,8 +18,7 @@ with a backup (rerun the same command to resume). If one process fails, the othe
 (they would wait for it for ever) and the launcher exits with the failed process's status.
 
 ``--cpu_binding=gpu`` binds each process to an equal share of the CPUs of its GPU's NUMA node (sysfs's
-``local_cpulist``), ``split`` to an equal share of the launcher's own CPUs; off by default (on a 4 × H200
-host with one NUMA node it changed nothing: 4 independent runs at once were as fast as one alone).
+``local_cpulist``), ``split`` to an equal share of the launcher's own CPUs; off by default.
 
 A job never outlives its launcher: a process still running ``--stop_timeout`` seconds after the
 signal (one hung in a collective never reaches the agreed step) is killed, Ctrl-C a second time

@@ -254,8 +254,7 @@ class SGD(LARS):
     This is the rule the SSL recipes written in PyTorch (SimCLR/MoCo/BYOL ports, solo-learn,
     lightly) calibrate their ``weight_decay`` for. Keras's own ``keras.optimizers.SGD`` decays
     *decoupled* (``w ← w − lr·wd·w`` after the step), which with momentum 0.9 is about ten times
-    weaker for the same coefficient: a PyTorch recipe's 5e-4 there barely regularises (measured on
-    Fashion-MNIST: 2 kNN points lost, docs/results/speed.md).
+    weaker for the same coefficient: a PyTorch recipe's 5e-4 there barely regularises.
 
     Args:
         learning_rate, momentum, nesterov, exclude_from_weight_decay: as :class:`LARS`.
