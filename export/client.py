@@ -180,14 +180,13 @@ def load_images(paths, channels, backend=None):
     case: one colour image makes a folder dataset RGB) is converted to luma (Pillow's ``"L"``).
     """
     from uniclr_tf.data import ImageDecodeError, decode_image
+    from uniclr_tf.data.decode import read_image_file
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3; received {channels}")
     arrays = []
     for path in paths:
-        with open(path, "rb") as f:
-            raw = f.read()
-        try:
-            array = decode_image(raw, backend=backend)
+        try:  # a regular file only, of a size an image within the pixel budget can have; then its header
+            array = decode_image(read_image_file(path), backend=backend)
         except ImageDecodeError as e:
             raise ValueError(f"{path}: {e}") from None
         if array.shape[-1] != channels:

@@ -324,6 +324,33 @@ def _complete(image_format, head, tail, size):
     return False
 
 
+#: Bytes an image file may hold per pixel of the budget (a 16-bit RGBA PNG stored uncompressed: 8),
+#: plus 1 MB of headers: a larger file is refused before it is read.
+BYTES_PER_PIXEL = 8
+
+
+def read_image_file(path: str, max_pixels: Optional[int] = None) -> bytes:
+    """The bytes of the image file ``path``: opened without blocking, and only when it is a regular
+    file no larger than an image within the pixel budget can be (a FIFO would block for ever, a link
+    to a device never end).
+
+    Raises:
+      ImageDecodeError: not a regular file, or too large (one line).
+      OSError: the file cannot be read.
+    """
+    import stat
+
+    with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ImageDecodeError("not a regular file")
+        limit = (max_pixels or MAX_PIXELS) * BYTES_PER_PIXEL + 2 ** 20
+        if info.st_size > limit:
+            raise ImageDecodeError(f"file is {info.st_size:,} bytes, more than an image within the pixel budget can "
+                                   f"be ({limit:,}); raise --max_image_pixels to read it")
+        return f.read(limit + 1)
+
+
 def image_header(path: str, max_pixels: Optional[int] = None) -> ImageHeader:
     """What :func:`decode_image` would return for the file at ``path``, without decoding it.
 

@@ -665,7 +665,8 @@ def run(cfg: ExportConfig):
             where = os.path.join(cfg.out, meta["saved_model_dir"]) if cfg.version else cfg.out
             if meta.get("finished_interrupted"):
                 print(f"finished the interrupted export of version {cfg.version}: {where} was complete; "
-                      f"{os.path.join(cfg.out, BACKBONE_FILE)} and {os.path.join(cfg.out, EXPORT_JSON)} now describe it")
+                      f"{os.path.join(cfg.out, BACKBONE_FILE)} and {os.path.join(cfg.out, EXPORT_JSON)} now "
+                      "describe it")
             c, (h, w) = meta["channels"], meta["image_size"]
             print(f"SavedModel: {where} ({SIGNATURE}: {INPUT_NAME} uint8 [batch, height, width, {c}] "
                   f"(resampled to {h}x{w}) -> features [batch, {meta['feature_dim']}], embedding "

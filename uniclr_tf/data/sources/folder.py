@@ -49,6 +49,7 @@ import numpy as np
 from absl import logging
 
 from uniclr_tf.data.decode import ImageDecodeError, decode_image, image_header
+from uniclr_tf.data.decode import read_image_file as read_file
 from uniclr_tf.data.lazy_tf import have_tensorflow, tf
 from uniclr_tf.data.resize import resize_uint8
 from uniclr_tf.data.sources.common import (_empty_split, _fingerprint, _make_info, _memory_split, _note, _percent,
@@ -270,31 +271,15 @@ def _subsample(files, labels, max_examples, root):
     return [files[i] for i in keep], [labels[i] for i in keep]
 
 
-#: Bytes a file may hold per pixel of the budget (a 16-bit RGBA PNG stored uncompressed: 8), plus
-#: 1 MB of headers: a larger file is refused before it is read.
-_BYTES_PER_PIXEL = 8
-
-
 def read_image_file(path, max_pixels=None):
-    """The bytes of the image file ``path``, opened without blocking and checked to be a regular
-    file no larger than any image within the pixel budget could be; raises _BadImage."""
-    from uniclr_tf.data.decode import MAX_PIXELS
+    """:func:`~uniclr_tf.data.decode.read_image_file` (a regular file within the pixel budget's
+    size, opened without blocking); raises _BadImage."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        return read_file(path, max_pixels)
     except OSError as e:
         raise _BadImage(f"cannot read file ({e.strerror or e})")
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise _BadImage(f"not a regular file ({_file_kind(info.st_mode)})")
-        limit = (max_pixels or MAX_PIXELS) * _BYTES_PER_PIXEL + 2 ** 20
-        if info.st_size > limit:
-            raise _BadImage(f"file is {info.st_size:,} bytes, more than an image within the pixel budget can be "
-                            f"({limit:,}); raise --max_image_pixels to read it")
-        try:
-            return f.read(limit + 1)
-        except OSError as e:
-            raise _BadImage(f"cannot read file ({e.strerror or e})")
+    except ImageDecodeError as e:
+        raise _BadImage(e.args[0]) from None
 
 
 def _decode_file(path, max_pixels=None):

@@ -58,8 +58,8 @@ from uniclr_tf.data.resize import resize_uint8
 from uniclr_tf.data.sources.common import _empty_split, _make_info, _note, _percent, _with_fingerprints
 from uniclr_tf.data.spec import DataError, Split
 from uniclr_tf.data.stats import _channel_stats
-from uniclr_tf.data.stream import (SHUFFLE_BUFFER, BadFiles, Stream, check_tfrecord_file, decode_records,
-                                   register_tfrecord_files, shuffle_buffer)
+from uniclr_tf.data.stream import (SHUFFLE_BUFFER, BadFiles, Stream, bad_file_message, check_tfrecord_file,
+                                   decode_records, register_tfrecord_files, shuffle_buffer)
 
 #: Train records decoded at load: the image shape and channels, the per-channel mean / std.
 STATS_SAMPLE = 2_000
@@ -179,6 +179,12 @@ def _describe(record, name):
     return example["image/class/label"], name
 
 
+def _damage_message(error):
+    """``FILE: REASON (...)`` of a damaged TFRecord file met while reading at load, else None."""
+    found = bad_file_message(error)
+    return f"{found}; --skip_bad_files ends that file's records there" if found else None
+
+
 def _check_files(files, opts):
     """``{file: intact records}`` of the damaged files (``skip_bad_files``: each named once, only its
     records before the damage read), after walking every file's record framing; without
@@ -200,7 +206,7 @@ def _check_files(files, opts):
     return intact
 
 
-def _count(files, holdout, where, intact=None):
+def _count(files, holdout, where, intact=None, skip_damage=False):
     """``({"train": n, "test": m}, (lowest label, highest label))`` of ``files``' records (all in
     ``"train"`` unless ``holdout``): one pass, no image decoded."""
     def fields(record, name):
@@ -211,7 +217,8 @@ def _count(files, holdout, where, intact=None):
     counts, low, high = {"train": 0, "test": 0}, None, None
     threshold = int(round(holdout * _HASH_BUCKETS)) if holdout else -1
     try:
-        for labels, buckets in (_records(files, intact=intact).map(fields, num_parallel_calls=AUTOTUNE).batch(8192)
+        records = _records(files, intact=intact, skip_damage=skip_damage)
+        for labels, buckets in (records.map(fields, num_parallel_calls=AUTOTUNE).batch(8192)
                                 .as_numpy_iterator()):
             test = buckets < threshold
             counts["test"] += int(test.sum())
@@ -219,11 +226,12 @@ def _count(files, holdout, where, intact=None):
             low = labels.min() if low is None else min(low, labels.min())
             high = labels.max() if high is None else max(high, labels.max())
     except tf.errors.OpError as e:
-        raise DataError(f"{where}: cannot read the records ({e.message.splitlines()[0]})") from None
+        raise DataError(_damage_message(e)
+                        or f"{where}: cannot read the records ({e.message.splitlines()[0]})") from None
     return counts, (low, high)
 
 
-def _fingerprints(files, holdout, where, intact, limit):
+def _fingerprints(files, holdout, where, intact, limit, skip_damage=False):
     """``(train side, test side)``: uint64 hashes of the image bytes of ``files``' records as the
     splits read them (held out by ``holdout``, else all on the train side; the first ``limit`` of each)."""
     def fields(record, name):
@@ -233,14 +241,16 @@ def _fingerprints(files, holdout, where, intact, limit):
     threshold = int(round(holdout * _HASH_BUCKETS)) if holdout else -1
     sides = {"train": [], "test": []}
     try:
-        batches = _records(files, intact=intact).map(fields, num_parallel_calls=AUTOTUNE).batch(4096)
+        records = _records(files, intact=intact, skip_damage=skip_damage)
+        batches = records.map(fields, num_parallel_calls=AUTOTUNE).batch(4096)
         for encoded, buckets in batches:
             prints = tf.bitcast(tf.fingerprint(encoded), tf.uint64).numpy()
             test = buckets.numpy() < threshold
             sides["test"].append(prints[test])
             sides["train"].append(prints[~test])
     except tf.errors.OpError as e:
-        raise DataError(f"{where}: cannot read the records ({e.message.splitlines()[0]})") from None
+        raise DataError(_damage_message(e)
+                        or f"{where}: cannot read the records ({e.message.splitlines()[0]})") from None
     out = [np.concatenate(sides[side]) if sides[side] else np.zeros((0,), np.uint64) for side in ("train", "test")]
     return tuple(fp[:limit] if limit else fp for fp in out)
 
@@ -249,7 +259,8 @@ def _sample(files, opts, where, channels, intact=None):
     """Decodes the first :data:`STATS_SAMPLE` train records: ``(images uint8 [n, H, W, C], (H, W), C)``."""
     images, names = [], []
     try:
-        for raw, _, name in _records(files, intact=intact).take(STATS_SAMPLE).map(_load).as_numpy_iterator():
+        records = _records(files, intact=intact, skip_damage=opts.skip_bad_files)
+        for raw, _, name in records.take(STATS_SAMPLE).map(_load).as_numpy_iterator():
             name = name.decode("utf-8", "replace")
             try:
                 image = decode_image(raw, "tensorflow", max_pixels=opts.max_image_pixels)
@@ -265,7 +276,8 @@ def _sample(files, opts, where, channels, intact=None):
             images.append(image)
             names.append(name)
     except tf.errors.OpError as e:
-        raise DataError(f"{where}: cannot read the records ({e.message.splitlines()[0]})") from None
+        raise DataError(_damage_message(e)
+                        or f"{where}: cannot read the records ({e.message.splitlines()[0]})") from None
     if not images:
         raise DataError(f"{where}: no readable image in the first {STATS_SAMPLE} records")
     channels = channels or (1 if all(im.shape[-1] == 1 for im in images) else 3)
@@ -307,7 +319,7 @@ def _load_tfrecord(spec, opts):
         if found is not None and holdout is None:
             counts[side] = int(found["splits"][found_side]["count"])
         else:
-            n, (_, high) = _count(files, holdout, spec, intact)
+            n, (_, high) = _count(files, holdout, spec, intact, opts.skip_bad_files)
             counts.update(n if holdout is not None else {side: n["train"]})
             labels_high = high if side == first else labels_high
         meta = meta or (found if side == first else None)
@@ -352,8 +364,9 @@ def _load_tfrecord(spec, opts):
     if not opts.check_duplicates or (opts.splits == "all" and not (test_files or holdout is not None)):
         return info
     if holdout is not None:
-        train_fp, test_fp = _fingerprints(train_files, holdout, spec, intact, opts.max_examples)
+        train_fp, test_fp = _fingerprints(train_files, holdout, spec, intact, opts.max_examples, opts.skip_bad_files)
     else:
-        train_fp = _fingerprints(train_files, None, spec, intact, opts.max_examples)[0] if train_files else None
-        test_fp = _fingerprints(test_files, None, spec, intact, opts.max_examples)[0] if test_files else None
+        skip = opts.skip_bad_files
+        train_fp = _fingerprints(train_files, None, spec, intact, opts.max_examples, skip)[0] if train_files else None
+        test_fp = _fingerprints(test_files, None, spec, intact, opts.max_examples, skip)[0] if test_files else None
     return _with_fingerprints(info, train=train_fp, test=test_fp)
