@@ -408,6 +408,12 @@ def test_cli_refuses_a_non_empty_out_and_overwrite_replaces_it(exported, tmp_pat
     assert file_tree(out) == {"notes.txt": b"not an export"}  # untouched
     assert os.listdir(tmp_path) == ["out"]
 
+    proc = _cli([f"--run_dir={exported.run_dir}", f"--out={out}", "--overwrite"])  # not an export: kept
+    assert proc.returncode != 0 and "refusing to delete them" in proc.stderr, proc.stderr[-3000:]
+    assert file_tree(out) == {"notes.txt": b"not an export"}
+    (out / "notes.txt").unlink()
+    (out / "export.json").write_text("{}")  # an export (an old one): replaced whole
+    (out / "notes.txt").write_text("left over")
     proc = _cli([f"--run_dir={exported.run_dir}", f"--out={out}", "--overwrite"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "notes.txt" not in os.listdir(out)
