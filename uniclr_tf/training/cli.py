@@ -721,8 +721,10 @@ def _stop_with_backup(ctx, fit):
     if last is None:  # stopped before its first step: nothing to back up
         raise backup.TrainingStopped(f"stopped before the first step ({stopped}); no backup was needed. Rerun "
                                      "the same command to start the run.", code)
+    where = (f"after the last step ({last['step']}) of epoch {last['epoch']}, before the final stage"
+             if last["epoch"] >= ctx.last_epoch else f"at epoch {last['epoch'] + 1}, step {last['step']}")
     raise backup.TrainingStopped(
-        f"stopped at epoch {last['epoch'] + 1}, step {last['step']} ({stopped}); backup saved in "
+        f"stopped {where} ({stopped}); backup saved in "
         f"{os.path.join(ctx.run_dir, backup.BACKUP_DIR)}. Rerun the same command to resume.", code)
 
 
