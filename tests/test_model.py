@@ -124,18 +124,21 @@ def test_fit_reports_terms_and_probe():
 
 
 def test_invalid_arguments_are_rejected():
-    with pytest.raises(ValueError, match="--method: expected one of"):
+    with pytest.raises(ValueError, match="method: expected one of"):
         small_model("nope")
-    with pytest.raises(ValueError, match="no predictor"):
+    with pytest.raises(ValueError, match="predictor: method 'simclr' takes no predictor"):
         small_model("simclr", predictor=True)
-    with pytest.raises(ValueError, match="needs a predictor"):
-        UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)), method="byol")
-    with pytest.raises(ValueError, match="--temperature does not apply to --method=simtrace"):
+    with pytest.raises(TypeError, match="'simtrace' does not take the option 'temperature'"):
         small_model("simtrace", temperature=0.5)
     with pytest.raises(ValueError, match="ema_momentum"):
         small_model(ema=1.5)
     with pytest.raises(ValueError, match="augmenter"):
         small_model().compute_objective(np.zeros((4, 16, 16, 1), "float32"))
+
+
+def test_a_method_that_needs_a_predictor_gets_the_default_one():
+    model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)), method="byol")
+    assert model.predictor.output_shape == (None, 8) and model.target_encoder is not None
 
 
 # One process per backend, both started at once: the TF one publishes each model's initial weights,

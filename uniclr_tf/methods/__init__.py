@@ -18,6 +18,7 @@ collapsed batch, its two-replica parity and its export, with no new test code.
 """
 
 import importlib
+import re
 
 from uniclr_tf.config.errors import UsageError
 from uniclr_tf.methods.base import COMMON_OPTIONS, Method, Option
@@ -86,7 +87,11 @@ def get(name, **options):
     if unknown:
         takes = ", ".join(sorted(cls.defaults)) or "no options"
         raise TypeError(f"method {name!r} does not take the option {unknown[0]!r}; it takes {takes}")
-    return cls(**options)
+    try:
+        return cls(**options)
+    except UsageError as e:  # phrased for the train CLI's flags: named here as the Python arguments
+        message = re.sub(r"--(\w+)", r"\1", re.sub(r"--method=(\w+)", r"method '\1'", str(e)))
+        raise ValueError(message) from None
 
 
 def create(name, **options):

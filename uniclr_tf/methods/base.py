@@ -255,7 +255,9 @@ class Method:
         a = objectives.affinity_matrix(online, ops.stop_gradient(target) if self.target_kind != "same" else target,
                                        temperature=self.options["temperature"])
         symmetry = objectives.symmetry_loss(a)
-        if gamma:
+        if not isinstance(gamma, (int, float)):  # a tensor: the weight of a batch of unknown size
+            loss = loss + ops.cast(gamma, loss.dtype) * symmetry
+        elif gamma:
             loss = loss + gamma * symmetry
         return loss, dict(terms, symmetry=symmetry)
 

@@ -13,15 +13,22 @@ paired with integer labels for the online linear probe: ``views``, ``(views, lab
 """
 
 import functools
+import warnings
 
 import keras
 import numpy as np
 from keras import layers, ops
 
-from uniclr_tf import methods, objectives
+from uniclr_tf import augment, methods, objectives  # noqa: F401 (augment: its layers load with a model)
 from uniclr_tf.config.errors import UsageError
+from uniclr_tf.nets import encoders, heads  # noqa: F401 (encoders: their layers load with a model)
 from uniclr_tf.training.schedules import momentum_schedule
 from uniclr_tf.training.steps import train_step_mixin
+
+#: The projector of :class:`UniCLR` when none is given: the paper's CIFAR head (§4.1).
+DEFAULT_PROJECTOR_DIMS = (2048, 2048, 256)
+#: The hidden size of the predictor of :class:`UniCLR` when none is given.
+DEFAULT_PREDICTOR_HIDDEN = 512
 
 
 def _freeze_variables(model):
@@ -73,11 +80,80 @@ def unpack(data):
     """
     if isinstance(data, dict):
         return data.get("views", data.get("images")), data.get("labels")
+    if _is_views(data) and len(data) == 1:  # Keras' packing of ``x`` alone: ``(x,)``
+        return unpack(data[0])
     if _is_views(data) and len(data) >= 2:
         first, second = data[0], data[1]
         if _is_views(first) or second is None or len(second.shape) == 1:
             return first, second
     return data, None
+
+
+def _dims(dims, arg):
+    """``dims`` as a tuple of positive ints (a ValueError naming ``arg`` otherwise)."""
+    try:
+        out = tuple(int(d) for d in dims)
+    except (TypeError, ValueError):
+        out = ()
+    if not out or min(out) <= 0:
+        raise ValueError(f"{arg}: expected a non-empty sequence of positive layer sizes; received {dims!r}")
+    return out
+
+
+def _output_shape(model):
+    try:
+        return model.output_shape
+    except (AttributeError, ValueError, RuntimeError):
+        return None
+
+
+def _check_encoder(encoder):
+    """The feature size of a backbone mapping ``[B, H, W, C]`` images to pooled ``[B, F]`` features."""
+    if not isinstance(encoder, keras.Model):
+        raise TypeError(f"encoder: expected a keras.Model mapping images [batch, height, width, channels] to "
+                        f"features [batch, features]; received {type(encoder).__name__}")
+    try:
+        inputs = encoder.input_shape
+    except (AttributeError, ValueError, RuntimeError):
+        inputs = None
+    if not isinstance(inputs, tuple) or len(inputs) != 4 or inputs[-1] is None:
+        raise ValueError(f"encoder: expected one image input [batch, height, width, channels] with the channels "
+                         f"known; received input shape {inputs}. Build it on keras.Input((height, width, "
+                         "channels)) or (None, None, channels)")
+    shape = _output_shape(encoder)
+    if not isinstance(shape, tuple) or len(shape) != 2 or shape[-1] is None:
+        raise ValueError(f"encoder: expected pooled 2-D features [batch, features]; received output shape {shape}. "
+                         "Pool the backbone's feature map, e.g. keras.applications.ResNet50(include_top=False, "
+                         "pooling=\"avg\") or keras.layers.GlobalAveragePooling2D() on its output")
+    return int(shape[-1])
+
+
+def _check_head(head, arg, input_dim):
+    """The output size of a head ``[B, input_dim] -> [B, D]``."""
+    if not isinstance(head, keras.Model):
+        raise TypeError(f"{arg}: expected a keras.Model mapping [batch, {input_dim}] to [batch, size]; received "
+                        f"{type(head).__name__}")
+    try:
+        inputs = head.input_shape
+    except (AttributeError, ValueError, RuntimeError):
+        inputs = None
+    if isinstance(inputs, tuple) and len(inputs) == 2 and inputs[-1] is not None and inputs[-1] != input_dim:
+        raise ValueError(f"{arg}: its input size is {inputs[-1]}, and it receives {input_dim} "
+                         f"({'the encoder' if arg == 'projector' else 'the projector'}'s outputs)")
+    shape = _output_shape(head)
+    if not isinstance(shape, tuple) or len(shape) != 2 or shape[-1] is None:
+        raise ValueError(f"{arg}: expected 2-D outputs [batch, size]; received output shape {shape}")
+    return int(shape[-1])
+
+
+class _EMAScheduleFromFit(keras.callbacks.Callback):
+    """Sets an EMA schedule left open (``ema_total_steps=None``) to the ``fit`` call's steps, before
+    the train step is traced."""
+
+    def on_train_begin(self, logs=None):
+        model, params = self.model, self.params or {}
+        if model.ema_total_steps is None and params.get("steps") and params.get("epochs"):
+            model.ema_total_steps = max(int(params["epochs"]) * int(params["steps"]), 1)
 
 
 @functools.lru_cache(maxsize=8)
@@ -96,51 +172,120 @@ def _zeros_on_devices(spec):
     return jax.jit(zeros, out_shardings=shardings)
 
 
+@keras.saving.register_keras_serializable(package="uniclr_tf")
 class UniCLR(train_step_mixin(), keras.Model):
-    """Self-supervised pretraining model for any registered method (UniCLR, arXiv 2211.14516, and the
-    methods it unifies), with the paper's optional tricks.
+    """Self-supervised pretraining of any Keras backbone with any method of :mod:`uniclr_tf.methods`
+    (UniCLR's SimAffinity, SimWhitening and SimTrace, arXiv 2211.14516, and the methods it unifies),
+    on the TensorFlow and JAX backends.
+
+    A ``keras.Model``: ``compile`` it with an optimizer (no loss: the method is the loss) and ``fit`` it
+    on unlabelled images. What ``fit`` takes, batch by batch:
+
+    * uint8 images ``[B, H, W, C]`` (a NumPy array, a ``tf.data.Dataset`` or a ``keras.utils.PyDataset``):
+      the model's ``augmenter`` turns them into views inside the compiled step;
+    * ``(images, labels)``: the same, plus integer labels for the online linear probe (``num_classes``);
+    * a tuple of views (float batches made on the host, e.g. by ``ViewAugmenter`` in ``tf.data``), with
+      or without labels.
+
+    The projector and the predictor default to the method's heads; a method with an EMA target
+    (BYOL, MoCo, or ``options={"ema_momentum": 0.99}``) gets a momentum copy of encoder and
+    projector, updated inside every train step (no callback needed), its momentum rising from the
+    base to 1 on a cosine over ``ema_total_steps``. ``model.encoder`` is the backbone you passed, a
+    plain Keras model to reuse; ``model.save("m.keras")`` and ``keras.saving.load_model`` round-trip
+    the whole model, and training continues with the same method, heads and optimizer state.
+
+    >>> import keras, numpy as np, uniclr_tf
+    >>> backbone = keras.applications.ResNet50(weights=None, include_top=False, pooling="avg",
+    ...                                        input_shape=(32, 32, 3))
+    >>> model = uniclr_tf.UniCLR(backbone, method="simtrace", projector_dims=(512, 128),
+    ...                          augmenter=uniclr_tf.ViewAugmenter.from_recipe("uniclr", (32, 32, 3)))
+    >>> model.compile(optimizer=uniclr_tf.LARS(0.3))
+    >>> images = np.random.randint(0, 256, (256, 32, 32, 3), dtype="uint8")
+    >>> history = model.fit(images, batch_size=128, epochs=2, verbose=0)
+    >>> features = model.encoder.predict(images[:8] / 255.0, verbose=0)  # [8, 2048]
 
     Args:
-      encoder: functional backbone, images -> features ``[B, F]``.
-      projector: functional head, features -> embeddings ``[B, D]``.
-      predictor: head on the online branch, ``[B, D] -> [B, D]``: required by methods that always
-        use one (BYOL, SimSiam, MoCo v3), optional for the UniCLR methods, refused by the others.
-      method: a name in :data:`uniclr_tf.methods.REGISTRY` or a ``Method`` instance.
-      options: the method's options (``temperature``, ``ema_momentum``, ``queue_size``, ...); None
+      encoder: the backbone: a ``keras.Model`` mapping images ``[B, H, W, C]`` (normalised floats, as
+        the augmenter's views) to pooled features ``[B, F]``, e.g. ``uniclr_tf.build_encoder(...)``,
+        ``keras.applications.ResNet50(weights=None, include_top=False, pooling="avg")`` or a Keras Hub
+        backbone followed by ``keras.layers.GlobalAveragePooling2D``. An input size left free
+        (``(None, None, C)``) lets multi-crop's smaller local views through.
+      projector: head ``[B, F] -> [B, D]``; None builds the method's MLP with ``projector_dims``.
+      predictor: head ``[B, D] -> [B, D]`` on the online branch. None builds one (hidden size
+        ``predictor_hidden``) for methods that need it (BYOL, SimSiam, MoCo v3, and the UniCLR
+        objectives with ``options={"predictor": True}``); giving one to a UniCLR objective turns its
+        ``predictor`` option on; the other methods take none.
+      method: a name of :func:`uniclr_tf.methods.names` or a method from :func:`uniclr_tf.methods.get`.
+      options: the method's options when ``method`` is a name (``{"temperature": 0.2}``, ...); None
         values keep the method's defaults.
-      ema_total_steps: steps over which a cosine EMA momentum rises to 1 (BYOL's schedule).
+      augmenter: a layer mapping a uint8 batch to a tuple of views (``uniclr_tf.ViewAugmenter``), run
+        inside the train step; None when the data already holds views.
+      num_global: how many of the views are global crops (the rest are local crops).
+      num_classes: if set, an online linear probe on stop-gradient features learns from the labels.
+      gather_across_replicas: under a ``tf.distribute`` strategy, gather embeddings from every replica
+        so negatives, covariance and cross-correlation are global (default); False keeps them per
+        replica. Under JAX ``keras.distribution.DataParallel`` arrays are global anyway.
+      ema_total_steps: steps over which the EMA momentum rises to 1; None: the steps of the first
+        ``fit`` call (epochs x steps per epoch); outside ``fit`` the momentum then stays at its base.
       steps_per_epoch: the steps of an epoch, for methods with schedules in epochs (SwAV's prototype
         freezing, DINO's teacher temperature warm-up); None: those schedules are off.
-      augmenter: optional layer mapping a uint8 batch to a tuple of views inside the train step.
-      num_global: how many of the views are global crops (the rest are local crops).
-      num_classes: if set, an online linear probe on stop-gradient features is trained.
-      gather_across_replicas: under a tf.distribute strategy, gather embeddings from every replica
-        so negatives, covariance and cross-correlation are global (default, as simclr-tf2); False
-        keeps them per replica, as the UniCLR authors' code does. Under JAX ``DataParallel`` arrays
-        are global anyway.
+      projector_dims: the layer sizes of the default projector (default ``(2048, 2048, 256)``).
+      predictor_hidden: the hidden size of the default predictor (default 512).
+      norm: the batch-norm factory of the default heads (:class:`uniclr_tf.nets.norm.BatchNorm`;
+        default Keras' ``BatchNormalization``).
+
+    Raises:
+      TypeError: an argument of the wrong kind (an encoder that is not a Keras model, an option the
+        method does not take, options next to a method instance).
+      ValueError: a backbone without pooled 2-D features, a predictor for a method that takes none,
+        an unknown method or a bad option value, inconsistent sizes.
     """
 
-    def __init__(self, encoder, projector, predictor=None, method=None, options=None, augmenter=None,
-                 num_global=2, num_classes=None, gather_across_replicas=True, ema_total_steps=1,
-                 steps_per_epoch=None, name="uniclr", **kwargs):
+    def __init__(self, encoder, projector=None, predictor=None, method="simtrace", options=None, augmenter=None,
+                 num_global=2, num_classes=None, gather_across_replicas=True, ema_total_steps=None,
+                 steps_per_epoch=None, projector_dims=None, predictor_hidden=None, norm=None, name="uniclr",
+                 **kwargs):
         super().__init__(name=name, **kwargs)
-        if num_global < 2:
-            raise ValueError(f"num_global must be at least 2; received {num_global}")
+        if isinstance(num_global, bool) or not isinstance(num_global, (int, np.integer)) or num_global < 2:
+            raise ValueError(f"num_global must be an integer >= 2; received {num_global!r}")
+        feature_dim = _check_encoder(encoder)
         self.method = self._make_method(method, predictor, options)
         if self.method.predictor == "never" and predictor is not None:
-            raise UsageError(f"--method={self.method.name} uses no predictor; received one")
-        if self.method.uses_predictor and predictor is None:
-            raise UsageError(f"--method={self.method.name} needs a predictor head; received predictor=None")
+            raise ValueError(f"predictor: method {self.method.name!r} takes no predictor; received {predictor!r} "
+                             "(leave predictor=None)")
+        self._check_augmenter(augmenter, num_global)
+        if projector is None:
+            dims = _dims(projector_dims if projector_dims is not None else DEFAULT_PROJECTOR_DIMS, "projector_dims")
+            projector = self.method.build_projector(feature_dim, dims, norm=norm)
+        elif projector_dims is not None:
+            raise TypeError("projector_dims sizes the default projector; pass it or a projector, not both")
+        embedding_dim = _check_head(projector, "projector", feature_dim)
+        groups = self.method.options.get("whitening_groups")
+        if groups and embedding_dim % int(groups):
+            raise ValueError(f"options: whitening_groups={groups} must divide the embedding size {embedding_dim} "
+                             "(the projector's last size)")
+        if predictor is None and self.method.uses_predictor:
+            hidden = int(predictor_hidden) if predictor_hidden is not None else DEFAULT_PREDICTOR_HIDDEN
+            predictor = heads.predictor(embedding_dim, hidden, norm=norm)
+        elif predictor is not None:
+            if predictor_hidden is not None:
+                raise TypeError("predictor_hidden sizes the default predictor; pass it or a predictor, not both")
+            if _check_head(predictor, "predictor", embedding_dim) != embedding_dim:
+                raise ValueError(f"predictor: expected outputs of the projector's size {embedding_dim}; received "
+                                 f"{predictor.output_shape}")
         self.encoder = encoder
         self.projector = projector
         self.predictor = predictor
         self.ema_momentum = self.method.ema_momentum
-        self.ema_total_steps = max(int(ema_total_steps), 1)
+        if ema_total_steps is not None and (isinstance(ema_total_steps, bool) or int(ema_total_steps) < 1):
+            raise ValueError(f"ema_total_steps must be an integer >= 1 or None; received {ema_total_steps!r}")
+        self.ema_total_steps = None if ema_total_steps is None else int(ema_total_steps)
         self.augmenter = augmenter
         self.num_global = int(num_global)
-        self.num_classes = num_classes
+        self.num_classes = int(num_classes) if num_classes else None
         self.gather_across_replicas = bool(gather_across_replicas)
         self.steps_per_epoch = int(steps_per_epoch) if steps_per_epoch else None
+        self._checked_batches = set()
 
         if self.ema_momentum is not None:
             self.target_encoder = _copy_model(encoder, "target_encoder")
@@ -153,11 +298,11 @@ class UniCLR(train_step_mixin(), keras.Model):
         else:
             self.target_encoder = self.target_projector = None
             self._ema_pairs = []
-        self.method_state = self.method.build_state(self, projector.output_shape[-1])
+        self.method_state = self.method.build_state(self, embedding_dim)
 
         if num_classes:
             self.probe = layers.Dense(int(num_classes), name="linear_probe")
-            self.probe.build((None, encoder.output_shape[-1]))
+            self.probe.build((None, feature_dim))
         else:
             self.probe = None
         names = ["loss", "objective_loss", "embedding_std", *self.method.terms]
@@ -167,6 +312,94 @@ class UniCLR(train_step_mixin(), keras.Model):
             names += ["probe_loss", "probe_accuracy"]
         self._trackers = {n: keras.metrics.Mean(name=n) for n in names}
         self.built = True
+
+    @staticmethod
+    def _check_augmenter(augmenter, num_global):
+        if augmenter is None:
+            return
+        if not callable(augmenter):
+            raise TypeError(f"augmenter: expected a layer mapping uint8 images to a tuple of views (e.g. "
+                            f"uniclr_tf.ViewAugmenter); received {augmenter!r}")
+        views = getattr(augmenter, "num_global", None)
+        if views is not None and int(views) != int(num_global):
+            raise ValueError(f"augmenter: it makes {views} global views, and the model compares num_global="
+                             f"{num_global}; build the augmenter with num_global={num_global} or pass "
+                             f"num_global={views}")
+
+    def get_config(self):
+        """The model's constructor arguments, its sub-models serialised: what ``model.save`` writes."""
+        if methods.REGISTRY.get(self.method.name) is None or type(self.method) is not methods.get_class(
+                self.method.name):
+            raise NotImplementedError(f"method: {type(self.method).__name__} is not in uniclr_tf.methods.REGISTRY, "
+                                      "so a saved model could not rebuild it; register it to save the model")
+        serialize = keras.saving.serialize_keras_object
+        return {
+            "name": self.name,
+            "encoder": serialize(self.encoder),
+            "projector": serialize(self.projector),
+            "predictor": serialize(self.predictor) if self.predictor is not None else None,
+            "method": self.method.name,
+            "options": dict(self.method.options),
+            "augmenter": serialize(self.augmenter) if self.augmenter is not None else None,
+            "num_global": self.num_global,
+            "num_classes": self.num_classes,
+            "gather_across_replicas": self.gather_across_replicas,
+            "ema_total_steps": self.ema_total_steps,  # set by the first fit when it was left open
+            "steps_per_epoch": self.steps_per_epoch,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        for key in ("encoder", "projector", "predictor", "augmenter"):
+            if config.get(key) is not None:
+                config[key] = keras.saving.deserialize_keras_object(config[key], custom_objects=custom_objects)
+        return cls(**config)
+
+    # --- the augmenter's random state in saved files -------------------------------------------
+    _SEED_KEY, _TF_RNG_KEY = "augmenter_seed_", "augmenter_tf_rng_"
+
+    def _augmenter_random_states(self):
+        """``(Keras seed-generator states, TensorFlow generator states)`` of the augmenter's layers: the
+        random state of the views made inside the step (the TF ones only on the TensorFlow backend,
+        where the layers draw from a ``tf.random.Generator``)."""
+        if self.augmenter is None or not hasattr(self.augmenter, "_flatten_layers"):
+            return [], []
+        layers_ = list(self.augmenter._flatten_layers(include_self=True, recursive=True))
+        seeds = [g.state for layer in layers_ for g in getattr(layer, "_seed_generators", ())]
+        rngs = []
+        if keras.backend.backend() == "tensorflow":
+            rngs = [layer._tf_generator().state for layer in layers_ if hasattr(layer, "_tf_generator")]
+        return seeds, rngs
+
+    def save_own_variables(self, store):
+        """Keras' saving of the model's own variables, plus the augmenter's random state, so that a
+        reloaded model draws the views the saved one would have drawn next."""
+        super().save_own_variables(store)
+        seeds, rngs = self._augmenter_random_states()
+        for prefix, variables in ((self._SEED_KEY, seeds), (self._TF_RNG_KEY, rngs)):
+            for i, v in enumerate(variables):
+                store[f"{prefix}{i}"] = keras.ops.convert_to_numpy(v)
+
+    def load_own_variables(self, store):
+        own = {k: store[k] for k in store.keys() if not k.startswith((self._SEED_KEY, self._TF_RNG_KEY))}
+        super().load_own_variables(own)
+        seeds, rngs = self._augmenter_random_states()
+        for prefix, variables in ((self._SEED_KEY, seeds), (self._TF_RNG_KEY, rngs)):
+            saved = sorted((k for k in store.keys() if k.startswith(prefix)), key=lambda k: int(k[len(prefix):]))
+            if len(saved) == len(variables):  # (a file of the other backend holds no TF generator states)
+                for key, v in zip(saved, variables):
+                    v.assign(np.asarray(store[key]))
+
+    def fit(self, *args, **kwargs):
+        """Keras' ``fit``; with ``ema_total_steps=None`` (and an EMA target), the EMA schedule spans
+        this call's epochs x steps per epoch (taken from the first ``fit``)."""
+        if self._ema_pairs and self.ema_total_steps is None:
+            callbacks = kwargs.get("callbacks")
+            callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else (
+                [] if callbacks is None else [callbacks])
+            kwargs["callbacks"] = callbacks + [_EMAScheduleFromFit()]
+        return super().fit(*args, **kwargs)
 
     def _needs_a_batch_to_build(self):
         """Whether Keras's symbolic build still has something to build from a batch's shapes."""
@@ -203,13 +436,19 @@ class UniCLR(train_step_mixin(), keras.Model):
     def _make_method(method, predictor, options):
         if isinstance(method, methods.Method):
             if options:
-                raise ValueError("Pass options to the Method instance, not to the model")
+                raise TypeError(f"options: pass them to methods.get({method.name!r}, ...), not next to a method "
+                                "instance")
             return method
+        if options is not None and not isinstance(options, dict):
+            raise TypeError(f"options: expected a dict of the method's options; received {options!r}")
+        if not isinstance(method, str):
+            raise TypeError(f"method: expected a name of uniclr_tf.methods.names() or a method from "
+                            f"uniclr_tf.methods.get(); received {method!r}")
         opts = dict(options or {})
-        cls = methods.get(method or "simtrace")
-        if cls.predictor == "optional" and predictor is not None:
+        cls = methods.get_class(method) if method in methods.REGISTRY else None
+        if cls is not None and cls.predictor == "optional" and predictor is not None:
             opts["predictor"] = True
-        return cls(**{k: v for k, v in opts.items() if k in cls.defaults or v is not None})
+        return methods.get(method, **opts)
 
     @property
     def metrics(self):
@@ -285,7 +524,14 @@ class UniCLR(train_step_mixin(), keras.Model):
         if not self.method.takes_symmetric_loss:
             return ()
         global_pair = i < self.num_global and j < self.num_global
-        return (self.method.symmetric_weight(global_pair, int(rows.shape[0])),)
+        if rows.shape[0] is not None:
+            return (self.method.symmetric_weight(global_pair, int(rows.shape[0])),)
+        # A batch of unknown size (the last, smaller batch of an array, a dataset without drop_remainder):
+        # the weight is γ·R/N (or γ), a function of the rows N known only when the step runs.
+        one, two = self.method.symmetric_weight(global_pair, 1), self.method.symmetric_weight(global_pair, 2)
+        if one == two:
+            return (one,)
+        return (one / ops.cast(ops.shape(rows)[0], "float32"),)
 
     def view_pairs(self, num_views):
         """(online index, target index) pairs compared by the loss (the method's rule)."""
@@ -310,6 +556,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         if self.gather_across_replicas:
             online = [self.all_gather(z) for z in online]
             target = [self.all_gather(t) for t in target]
+        self._check_rows(online[0])
         state = dict(self.method_state, step=self._steps_done(), steps_per_epoch=self.steps_per_epoch)
         results = [self.method.pair_loss(online[i], target[j], state, *self._symmetric_weight(i, j, online[i]))
                    for i, j in self.view_pairs(len(views))]
@@ -333,6 +580,26 @@ class UniCLR(train_step_mixin(), keras.Model):
         logs["loss"] = total
         return total, logs
 
+    def _check_rows(self, embeddings):
+        """Warns once per batch size (when the step is traced) of a batch that a whitening method
+        cannot learn from: fewer rows than the features it whitens together (a singular covariance)."""
+        rows, dim = embeddings.shape[0], embeddings.shape[-1]
+        if rows is None or dim is None or (rows, dim) in self._checked_batches:
+            return
+        self._checked_batches.add((rows, dim))
+        options = self.method.options
+        if (not self.method.whitens or options.get("whitening_mode", "cholesky") != "cholesky"
+                or "eps" in self.method.given):
+            return
+        per_group = int(dim) // int(options.get("whitening_groups") or 1)
+        if 2 * int(rows) <= per_group:
+            warnings.warn_explicit(
+                f"{self.method.name} whitens the {2 * rows} rows of both views of a batch of {rows} together, fewer "
+                f"than the {per_group} features it whitens at once: the covariance is singular and the loss cannot "
+                f"learn. Use a batch of more than {per_group // 2} rows, a smaller last size in projector_dims, "
+                "options={'whitening_groups': G}, or state options={'eps': ...} to accept a ridge-regularised "
+                "covariance", UserWarning, filename="uniclr_tf.UniCLR", lineno=1, module="uniclr_tf.nets.model")
+
     def _steps_done(self):
         """Optimizer steps done before this one (0 before ``compile``), for the methods' schedules."""
         if getattr(self, "optimizer", None) is None:
@@ -340,7 +607,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         return ops.convert_to_tensor(self.optimizer.iterations)
 
     def _momentum(self, step):
-        if self.method.ema_schedule == "constant":
+        if self.method.ema_schedule == "constant" or self.ema_total_steps is None:
             return ops.cast(self.ema_momentum, "float32")
         return momentum_schedule(step, self.ema_total_steps, self.ema_momentum)
 
