@@ -164,8 +164,9 @@ def test_a_flat_config_json_and_flags_txt_written_before_still_load_and_resume(t
     assert (old.optim.batch_size, old.optim.warmup_epochs, old.evaluation.knn_max_train) == (256, 0.5, 20000)
     assert old.options == FLAT_CONFIG_JSON["method_options"] and old.invocation.profile_steps == ()
     assert old.to_flagfile() == FLAT_FLAGS_TXT  # the same flags.txt is written
+    added = {"check_duplicates": True}  # invocation fields added since, at their defaults
     assert {k: v for k, v in json.loads(old.to_json()).items()} == {
-        k: v for k, v in FLAT_CONFIG_JSON.items() if k != "views"}  # and the same config.json fields
+        **{k: v for k, v in FLAT_CONFIG_JSON.items() if k != "views"}, **added}  # and the same config.json fields
     replayed = train.config_from_flags(_flag_values(f"--flagfile={run_dir / 'flags.txt'}",
                                                     f"--run_dir={tmp_path / 'runs'}"))
     assert replayed.differences(old) == []
