@@ -335,6 +335,178 @@ class CollapseDetector(keras.callbacks.Callback):
                 os.remove(os.path.join(folder, old))
 
 
+def has_accelerator():
+    """Whether the Keras backend sees a GPU or TPU (False on a machine with CPUs only)."""
+    if keras.backend.backend() == "jax":
+        import jax
+        return any(d.platform != "cpu" for d in jax.devices())
+    import tensorflow as tf
+    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+
+
+def duration_text(seconds):
+    """``seconds`` in words a person reads at a glance: minutes, hours or days."""
+    if seconds < 90 * 60:
+        return f"{max(seconds / 60, 1):.0f} minutes"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 86400:.1f} days"
+
+
+class LongRunNotice(keras.callbacks.Callback):
+    """On a machine with CPUs only, one line after the first steps when the whole run will take hours:
+    the measured time of a step, the estimated time of the run and ``hint`` (where to find a recipe
+    sized for the machine). The first step (tracing and compiling) is not measured: the steps after it
+    are, up to ``measure_steps`` of them. Nothing is printed on a machine with a GPU or TPU, nor for a
+    run estimated under ``threshold_s``.
+
+    Works in ``on_train_batch_begin`` (no per-step log conversion); the measured steps end with one
+    read of a weight, so that the time of a step dispatched ahead (JAX) is the time it took."""
+
+    def __init__(self, total_steps, initial_step=0, hint="", threshold_s=3600.0, measure_steps=2, accelerated=None,
+                 clock=time.monotonic, print_fn=print):
+        super().__init__()
+        self.total_steps, self.initial_step = int(total_steps), int(initial_step)
+        self.hint, self.threshold_s, self.measure_steps = hint, float(threshold_s), max(int(measure_steps), 1)
+        self._accelerated = accelerated
+        self.clock, self.print_fn = clock, print_fn
+        self._epoch_start_step = self.initial_step
+        self._start = None  # (step, time) at the end of the first step of this fit
+        self.estimate_s = None  # the estimated seconds of the remaining run, once measured
+        self.done = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        steps = int((self.params or {}).get("steps") or 0)
+        self._epoch_start_step = max(epoch * steps, self.initial_step) if steps else self._epoch_start_step
+
+    def _sync(self):
+        variables = self.model.trainable_variables
+        if variables:
+            np.asarray(keras.ops.convert_to_numpy(variables[0].value))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.done:
+            return
+        if self._accelerated is None:
+            self._accelerated = has_accelerator()
+        if self._accelerated:
+            self.done = True
+            return
+        step = self._epoch_start_step + batch  # the steps done before this batch
+        if step == self.initial_step:
+            return  # the first step: it traces and compiles
+        if self._start is None:
+            self._sync()
+            self._start = (step, self.clock())
+            return
+        if step - self._start[0] < self.measure_steps:
+            return
+        self._sync()
+        per_step = (self.clock() - self._start[1]) / (step - self._start[0])
+        self.done = True
+        left = max(self.total_steps - step, 0)
+        self.estimate_s = per_step * left
+        if self.estimate_s >= self.threshold_s:
+            self.print_fn(f"note: {per_step:.2f} s a step on this machine's CPU: the {left:,} steps left of this "
+                          f"run will take about {duration_text(self.estimate_s)}. {self.hint}".rstrip(), flush=True)
+
+
+class BackupAndResume(keras.callbacks.Callback):
+    """Backs the whole training state up into ``directory`` at every epoch end, and resumes from it
+    when ``fit`` starts again: a ``fit`` that was interrupted (killed, a crash, a time limit) continues
+    from its last finished epoch with the same weights, EMA target, method state, optimizer state and
+    step counter (so the learning-rate and EMA schedules go on where they were).
+
+    Give the same callback (or one on the same ``directory``) to the ``fit`` that resumes, on a model
+    built and compiled the same way, with the same ``epochs``; with arrays or a dataset of known
+    length Keras knows the steps of an epoch (for an endless dataset pass ``steps_per_epoch``). The
+    backup is written off the training thread, atomically (a kill at any instant leaves a usable
+    one), checked for NaN first, and the one before it is kept until the next is on disk.
+
+    >>> backup = uniclr_tf.BackupAndResume("checkpoints/run1")
+    >>> model.fit(images, batch_size=256, epochs=100, callbacks=[backup])  # stopped during epoch 37
+    >>> model.fit(images, batch_size=256, epochs=100, callbacks=[backup])  # resumes at epoch 37
+
+    Args:
+      directory: the folder of the backup (created; ``directory/backup/``).
+      verbose: print one line when resuming.
+    """
+
+    def __init__(self, directory, verbose=True):
+        super().__init__()
+        if not isinstance(directory, (str, os.PathLike)) or not str(directory):
+            raise TypeError(f"directory: expected a folder path; received {directory!r}")
+        self.directory = os.fspath(directory)
+        self.verbose = bool(verbose)
+        self.resumed_from = None  # the state of the backup the last fit resumed from (epoch, step)
+        self._inner = None
+
+    def on_train_begin(self, logs=None):
+        from uniclr_tf.training import backup
+        steps = (self.params or {}).get("steps")
+        if not steps:
+            raise ValueError("BackupAndResume needs the steps of an epoch: pass steps_per_epoch to fit when the "
+                             "data has no known length")
+        os.makedirs(self.directory, exist_ok=True)
+        if self._inner is not None:  # this callback's last fit may still be writing (it stopped on an error)
+            self._inner.writer.wait(raise_error=False)
+        state = backup.latest(self.directory)
+        self.resumed_from = None
+        if state is not None:
+            if state["step"] != state["epoch"] * steps:
+                raise ValueError(f"BackupAndResume: the backup in {self.directory} is at step {state['step']}, which "
+                                 f"is not the end of an epoch of {steps} steps: resume with the batch size and data "
+                                 "it was made with")
+            self._restore(state)
+            self.model._initial_epoch = int(state["epoch"])  # read by Keras' fit (as by keras.callbacks.BackupAndRestore)
+            self.resumed_from = {"epoch": int(state["epoch"]), "step": int(state["step"])}
+            if self.verbose:
+                print(f"resuming from {os.path.join(self.directory, backup.BACKUP_DIR)}: {state['epoch']} epochs "
+                      f"({state['step']} steps) done", flush=True)
+        writer = backup.Writer(self.directory, last=state)
+        progress = backup.Progress(steps, state["step"] if state else 0)
+        self._inner = backup.BackupCallback(writer, progress, every_s=float("inf"))
+        self._inner.set_model(self.model)
+        self._inner.set_params(self.params)
+
+    def _restore(self, state):
+        """Loads the backup ``state`` into the model, variable by variable in the model's order; the
+        names must match but for the numbers Keras appends to make names unique in a process (a second
+        model built in the same process has other ones)."""
+        import re
+        from uniclr_tf.training import backup
+        variables = backup._variables(self.model)
+        with np.load(os.path.join(self.directory, backup.BACKUP_DIR, state["weights"])) as data:
+            keys = sorted(k for k in data.files if k != backup.STATE_KEY)
+            arrays = [data[k] for k in keys]
+        unnumbered = lambda path: re.sub(r"_\d+(?=/|$)", "", path)  # noqa: E731
+        mismatch = len(keys) != len(variables) or next(
+            ((k, v) for k, v, a in zip(keys, variables, arrays)
+             if unnumbered(k.split("|", 1)[1]) != unnumbered(v.path) or tuple(a.shape) != tuple(v.shape)), None)
+        if mismatch:
+            what = (f"{len(keys)} arrays for {len(variables)} variables" if mismatch is True else
+                    f"{mismatch[0].split('|', 1)[1]} where the model has {mismatch[1].path} {tuple(mismatch[1].shape)}")
+            raise ValueError(f"BackupAndResume: the backup in {self.directory} is of another model ({what}); build "
+                             "and compile the model as it was, or use another directory")
+        for variable, array in zip(variables, arrays):
+            variable.assign(array)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._inner.on_epoch_begin(epoch, logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._inner.on_train_batch_begin(batch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._inner.on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs=None):
+        if self.resumed_from is not None:
+            self.model._initial_epoch = None  # a later fit starts where it is told
+        if self._inner is not None:
+            self._inner.writer.wait()  # the last epoch's backup is on disk (an error in writing it is raised)
+
+
 class HistoryRecorder(keras.callbacks.Callback):
     """Keeps every epoch's logs (and its wall-clock seconds); writes ``history.json`` and ``log.csv``
     every epoch and ``curves.png`` at most every ``plot_every_s`` seconds and at the end.
