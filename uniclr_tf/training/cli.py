@@ -65,51 +65,49 @@ def config_from_flags(flag_values=None):
 
 
 def build_augmenter(cfg, info, method=None):
-    """The method's view recipe with the view flags that were given, sized for the dataset."""
-    from uniclr_tf.augment import RECIPES, ViewAugmenter
+    """The method's view recipe with the view flags that were given, sized for the dataset (the public
+    ``uniclr_tf.ViewAugmenter.from_recipe``)."""
+    import uniclr_tf
     method = method if method is not None else cfg.build_method()
-    recipe = RECIPES[method.views].replace(**cfg.views.overrides())
+    recipe = uniclr_tf.RECIPES[method.views].replace(**cfg.views.overrides())
     size = cfg.data.image_size or info.image_shape[0]
-    return ViewAugmenter.from_recipe(recipe, (size, size, info.image_shape[-1]), num_local=cfg.views.num_local_crops,
+    return uniclr_tf.ViewAugmenter.from_recipe(recipe, (size, size, info.image_shape[-1]), num_local=cfg.views.num_local_crops,
                                      local_size=cfg.views.local_size or None, mean=info.mean, std=info.std,
                                      seed=cfg.system.seed)
 
 
 def build_model(cfg, info, augmenter=None, devices=1, method=None):
-    """Encoder + the method's heads (+ EMA target, state, probe) wired into a ``UniCLR`` model
+    """The encoder of ``--encoder`` in a ``uniclr_tf.UniCLR`` model, which adds the method's heads of
+    ``--projector_dims`` / ``--predictor_hidden`` (+ EMA target, state, probe): the public constructors
     (``method``: the run's, else built from ``cfg``).
 
     ``devices`` > 1 (the batch split over several): ``--batch_norm=global`` synchronises BN on TF
     (JAX's global arrays need nothing); ``per_device`` keeps TF's per-replica BN and, on JAX, builds
     ``GroupBatchNormalization`` with one group per device; ``global_one_pass`` is global BN whose
     statistics take one pass (on JAX: ``GroupBatchNormalization(one_pass=True)``)."""
-    from uniclr_tf.nets import encoders
-    from uniclr_tf.nets import heads
-    from uniclr_tf.nets.model import UniCLR
+    import uniclr_tf
     from uniclr_tf.nets.norm import BatchNorm
     method = method if method is not None else cfg.build_method()
     size = cfg.data.image_size or info.image_shape[0]
     norm = BatchNorm.for_run(cfg.system.batch_norm, devices)
-    encoder = encoders.build_encoder(cfg.network.encoder, (size, size, info.image_shape[-1]),
-                                     width=cfg.network.encoder_width or None, norm=norm, stem=cfg.network.encoder_stem)
-    feat = encoder.output_shape[-1]
-    proj = method.build_projector(feat, cfg.network.projector_dims, norm=norm)
-    pred = (heads.predictor(cfg.network.projector_dims[-1], cfg.network.predictor_hidden, norm=norm)
-            if method.uses_predictor else None)
+    encoder = uniclr_tf.build_encoder(cfg.network.encoder, (size, size, info.image_shape[-1]),
+                                      width=cfg.network.encoder_width or None, norm=norm,
+                                      stem=cfg.network.encoder_stem)
     steps_per_epoch = max(cfg.optim.steps_per_epoch, 1)
-    return UniCLR(encoder, proj, pred, method=method, augmenter=augmenter, num_global=2,
-                  ema_total_steps=cfg.optim.epochs * steps_per_epoch, steps_per_epoch=steps_per_epoch,
-                  gather_across_replicas=cfg.system.gather_across_replicas,
-                  num_classes=info.num_classes if cfg.evaluation.online_probe and info.num_classes else None)
+    return uniclr_tf.UniCLR(encoder, method=method, augmenter=augmenter, num_global=2,
+                            projector_dims=cfg.network.projector_dims, predictor_hidden=cfg.network.predictor_hidden,
+                            norm=norm, ema_total_steps=cfg.optim.epochs * steps_per_epoch,
+                            steps_per_epoch=steps_per_epoch, gather_across_replicas=cfg.system.gather_across_replicas,
+                            num_classes=info.num_classes if cfg.evaluation.online_probe and info.num_classes else None)
 
 
 def build_optimizer(cfg, steps_per_epoch, method=None):
     """LARS (or SGD / AdamW) with the linear warm-up + cosine schedule, lr = batch/256 · base
     (``method``: the run's, else built from ``cfg``)."""
+    import uniclr_tf
     from uniclr_tf.training.optimizers import build_optimizer as make_optimizer
-    from uniclr_tf.training.schedules import WarmupCosine
     optim = cfg.optim
-    schedule = WarmupCosine(optim.base_learning_rate, optim.batch_size, total_steps=optim.epochs * steps_per_epoch,
+    schedule = uniclr_tf.WarmupCosine(optim.base_learning_rate, optim.batch_size, total_steps=optim.epochs * steps_per_epoch,
                             warmup_steps=int(round(optim.warmup_epochs * steps_per_epoch)))
     # The online probe is a plain linear classifier: no trust ratio, no decay (as solo-learn).
     probe = ["linear_probe"] if optim.optimizer in ("lars", "sgd") else ()
@@ -526,14 +524,13 @@ def _train_data(ctx, skip):
 
 def _prepare_evaluation(ctx):
     """The kNN evaluations of process 0: the raw-pixel baseline now, the monitor for every N epochs."""
+    import uniclr_tf
     from uniclr_tf.training import distribute
-    from uniclr_tf.augment import EvalPreprocess
-    from uniclr_tf.training.callbacks import KNNMonitor
     from uniclr_tf.evaluation import raw_pixel_knn
     knn, info, model = ctx.cfg.evaluation, ctx.info, ctx.model
     single = ctx.num_processes == 1
     ev = Evaluation(model.encoder if single else distribute.local_copy(model.encoder),
-                    EvalPreprocess(ctx.size, info.mean, info.std),
+                    uniclr_tf.EvalPreprocess(ctx.size, info.mean, info.std),
                     local=contextlib.nullcontext if single else distribute.local_only)
     if not single:
         ev.refresh = lambda: ev.encoder.set_weights(model.encoder.get_weights())
@@ -542,7 +539,7 @@ def _prepare_evaluation(ctx):
         ev.train = _eval_source(info, "train", knn.knn_max_train or None)
         ev.test = _eval_source(info, "test")
         ev.raw = raw_pixel_knn(ev.train, ev.test, info.num_classes, knn.knn_k, knn.knn_temperature)
-        ev.monitor = KNNMonitor(ev.encoder, ev.preprocess, ev.train, ev.test, info.num_classes, every=knn.knn_every,
+        ev.monitor = uniclr_tf.KNNMonitor(ev.encoder, ev.preprocess, ev.train, ev.test, info.num_classes, every=knn.knn_every,
                                 k=knn.knn_k, temperature=knn.knn_temperature, refresh=ev.refresh, context=ev.local)
     return ev
 
@@ -550,12 +547,16 @@ def _prepare_evaluation(ctx):
 def _callbacks(ctx, ev, fit, interrupts):
     """The step clock first (its step_seconds end where the other callbacks' work begins), the kNN
     monitor, the history, TensorBoard, the backups (of what the others wrote for the epoch), then the
-    collapse detector (it keeps the backup of each epoch it finds healthy)."""
+    collapse detector (it keeps the backup of each epoch it finds healthy); on a machine without a GPU,
+    the note of a run that will take hours."""
+    import uniclr_tf
     from uniclr_tf import data
     from uniclr_tf.training import backup
-    from uniclr_tf.training.callbacks import CollapseDetector, EpochTensorBoard, StepClock, StepProfiler
+    from uniclr_tf.training.callbacks import EpochTensorBoard, LongRunNotice, StepClock, StepProfiler
     cfg, this, chief = ctx.cfg, ctx.cfg.invocation, ctx.chief
     callbacks = [StepClock()] + ([ev.monitor] if ev.monitor else [])
+    if chief:
+        callbacks.append(LongRunNotice(ctx.last_epoch * ctx.steps_per_epoch, ctx.initial_step, hint=LONG_RUN_HINT))
     if this.profile_steps and chief:
         callbacks.insert(0, StepProfiler(os.path.join(ctx.run_dir, "profile"), *map(int, this.profile_steps)))
     saver = backup.BackupCallback(fit.writer, fit.progress, every_s=60.0 * this.backup_every_minutes,
@@ -571,11 +572,15 @@ def _callbacks(ctx, ev, fit, interrupts):
     if chief:  # (the kNN monitor runs on process 0 alone: in a job of several processes it only warns)
         detect = cfg.evaluation
         on_collapse = detect.on_collapse if ctx.num_processes == 1 else "warn"
-        callbacks.append(CollapseDetector(cfg.network.embedding_dim, ev.raw["top1"] if ev.raw else None,
+        callbacks.append(uniclr_tf.CollapseDetector(cfg.network.embedding_dim, ev.raw["top1"] if ev.raw else None,
                                           cfg.optim.warmup_epochs, on_collapse, ctx.run_dir, fit.writer,
                                           knn_margin=detect.collapse_knn_margin,
                                           std_fraction=detect.collapse_std_fraction))
     return callbacks
+
+
+#: What the note of a run that will take hours on a machine without a GPU points to.
+LONG_RUN_HINT = "This recipe is sized for a GPU; configs/quickstart.flags trains on a CPU in minutes."
 
 
 def _announce(ctx):
@@ -640,7 +645,8 @@ def _fit(ctx, ev):
 
 
 def _fit_epochs(ctx, callbacks):
-    """``model.fit`` from the resumed step to the last epoch: a partial epoch first, alone."""
+    """``model.fit`` from the resumed step to the last epoch: a partial epoch first, alone. The stream
+    is shuffled already (``shuffle=False``: Keras would only warn that it ignores its shuffle)."""
     cfg, model, steps_per_epoch, initial_step = ctx.cfg, ctx.model, ctx.steps_per_epoch, ctx.initial_step
     verbose = cfg.invocation.verbose or (1 if sys.stdout.isatty() else 2)
     epoch = initial_step // steps_per_epoch
@@ -649,11 +655,11 @@ def _fit_epochs(ctx, callbacks):
         # epochs=cfg.optim.epochs, stopped after this one: the progress bar says "Epoch E/<epochs>"
         model.fit(_train_data(ctx, initial_step), initial_epoch=epoch, epochs=cfg.optim.epochs,
                   steps_per_epoch=steps_per_epoch - initial_step % steps_per_epoch,
-                  callbacks=callbacks + [_stop_after_one_epoch()], verbose=verbose)
+                  callbacks=callbacks + [_stop_after_one_epoch()], verbose=verbose, shuffle=False)
         epoch += 1
     if epoch < ctx.last_epoch:
         model.fit(_train_data(ctx, epoch * steps_per_epoch), initial_epoch=epoch, epochs=ctx.last_epoch,
-                  steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose)
+                  steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose, shuffle=False)
 
 
 def _save_encoder(ctx):
@@ -947,10 +953,42 @@ def write_error_line(e):
     return None
 
 
+#: Lines that TensorFlow's native libraries print while they load, whatever TF_CPP_MIN_LOG_LEVEL says
+#: (before their logging is set up): notices a user cannot act on.
+NATIVE_IMPORT_NOISE = ("All log messages before absl::InitializeLog() is called", "oneDNN custom operations are on",
+                       "cpu_feature_guard", "To enable the following instructions:")
+
+
+@contextlib.contextmanager
+def native_import_notices_dropped(noise=NATIVE_IMPORT_NOISE):
+    """Runs the block with the process's stderr (file descriptor 2) held in a temporary file, then
+    writes back every line of it but those containing one of ``noise``: Python's own output and any
+    error come through whole, after the block."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2: nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not any(n in line for n in noise)))
+            sys.stderr.flush()
+
+
 def entry_point():
     """The ``uniclr-train`` console script (pyproject.toml): what ``python -m uniclr_tf.train`` does."""
     from uniclr_tf.config import flagutil
-    define_flags()
+    with native_import_notices_dropped():  # the flags' definitions import Keras and its backend
+        define_flags()
     flagutil.run_cli(__name__, __doc__, main, groups=help_groups())
 
 
