@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum < requirements.txt | cut -d' ' -f1)
 FMNIST := $(HOME)/.keras/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test setup data bench clean
+.PHONY: demo test setup data bench clean docs
 
 setup: $(STAMP)
 
@@ -53,5 +53,10 @@ test: $(STAMP) $(FMNIST)
 bench: $(STAMP) $(FMNIST)
 	OUT_DIR=runs/bench PYTHON=$(PY) bash benchmarks/speed.sh cpu
 
+# The API reference generated from the docstrings (docs/api.md, mkdocs.yml) as a site in site/;
+# --strict: a public name or a cross-reference that does not resolve fails the build.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs site .pytest_cache

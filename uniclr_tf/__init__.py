@@ -34,8 +34,20 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what __getattr__ imports on first use, spelled out for type checkers and the API reference
+    from uniclr_tf import methods, objectives
+    from uniclr_tf.augment import RECIPES, EvalPreprocess, ViewAugmenter, ViewRecipe
+    from uniclr_tf.evaluation import knn_eval
+    from uniclr_tf.nets.encoders import build_encoder
+    from uniclr_tf.nets.model import UniCLR
+    from uniclr_tf.serving.saved_model import export_saved_model, load_saved_model
+    from uniclr_tf.training.callbacks import BackupAndResume, CollapseDetector, KNNMonitor
+    from uniclr_tf.training.optimizers import LARS
+    from uniclr_tf.training.schedules import WarmupCosine
 
 #: Public name -> the module that defines it (imported on first use; a module name maps to itself).
 _PUBLIC = {

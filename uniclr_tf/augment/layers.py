@@ -496,6 +496,10 @@ class EvalPreprocess(_BatchLayer):
         mean, std: per-channel stats in [0, 1] units (None: ImageNet for RGB, 0.5/0.5 for gray).
         crop_fraction: in (0, 1].
         input_scale: divide the input by this first (255 for uint8 / 0–255 floats; 1 for [0, 1]).
+
+    Examples:
+        >>> preprocess = EvalPreprocess(32, mean=augmenter.mean, std=augmenter.std)  # those of the views
+        >>> features = model.encoder(preprocess(uint8_images), training=False)
     """
 
     def __init__(self, size, mean=None, std=None, crop_fraction=1.0, antialias=True,

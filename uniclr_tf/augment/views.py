@@ -6,6 +6,13 @@ BYOL) independent of the image size; :data:`RECIPES` holds named presets.
 :meth:`ViewAugmenter.from_recipe` turns a recipe plus an image shape into an augmenter, choosing
 the view sizes from the image size (:meth:`ViewAugmenter.for_dataset` is the same with the
 ``"uniclr"`` recipe).
+
+Examples:
+    >>> from uniclr_tf.augment import RECIPES, ViewAugmenter
+    >>> sorted(RECIPES)
+    ['byol', 'mocov2', 'simclr', 'uniclr']
+    >>> stronger = RECIPES["simclr"].replace(color_jitter=(0.8, 0.8, 0.8, 0.2))
+    >>> augmenter = ViewAugmenter.from_recipe(stronger, (32, 32, 3), num_local=4, local_size=16)
 """
 
 import dataclasses
@@ -110,6 +117,10 @@ class ViewRecipe:
 
     Chain per view (see :class:`ViewAugmenter`): random resized crop → horizontal flip → colour
     jitter → grayscale → Gaussian blur → solarise → normalise. Fields are keyword-only.
+
+    Examples:
+        >>> recipe = ViewRecipe(name="mine", global_scale=(0.3, 1.0), blur_prob=(1.0, 0.1), solarize_prob=(0.0, 0.2))
+        >>> augmenter = ViewAugmenter.from_recipe(recipe, (64, 64, 3))
 
     Fields:
         name: the recipe's name (for logs), e.g. ``"byol"``.
@@ -262,10 +273,9 @@ class ViewAugmenter(_BatchLayer):
         brightness, contrast, saturation, hue, jitter_rate: colour jitter. The defaults
             (0.4, 0.4, 0.2, 0.1, p 0.8) are MoCo v2/v3's (the authors' code is a MoCo-v3 fork;
             the paper gives no strengths); SimCLR's strength s is (0.8s, 0.8s, 0.8s, 0.2s).
-        grayscale_rate, blur_rate, blur_sigma, blur_kernel_size, solarize_rate,
-        solarize_threshold: as the layers. ``blur_rate`` and ``solarize_rate`` may be given
-            per view (globals then locals), e.g. BYOL: ``blur_rate=(1.0, 0.1)``,
-            ``solarize_rate=(0.0, 0.2)``.
+        grayscale_rate, blur_rate, blur_sigma, blur_kernel_size, solarize_rate, solarize_threshold: as
+            the layers. ``blur_rate`` and ``solarize_rate`` may be given per view (globals then
+            locals), e.g. BYOL: ``blur_rate=(1.0, 0.1)``, ``solarize_rate=(0.0, 0.2)``.
         mean, std: normalisation stats in [0, 1] units (None: ImageNet for RGB, 0.5 for gray).
         antialias: crop resize kernel (see RandomResizedCrop).
         input_scale: inputs are divided by this first (255 for uint8 or 0–255 floats).
@@ -276,6 +286,13 @@ class ViewAugmenter(_BatchLayer):
 
     See :meth:`from_recipe` (a method's recipe, sizes chosen from the image shape) and
     :meth:`for_dataset` (the default recipe).
+
+    Examples:
+        >>> two_views = ViewAugmenter(global_size=32)  # two 32 px views with the default recipe
+        >>> multi_crop = ViewAugmenter(global_size=32, local_size=16, num_local=4, global_scale=(0.3, 1.0),
+        ...                            local_scale=(0.05, 0.3))
+        >>> [tuple(v.shape) for v in multi_crop(np.zeros((8, 32, 32, 3), "uint8"))]
+        [(8, 32, 32, 3), (8, 32, 32, 3), (8, 16, 16, 3), (8, 16, 16, 3), (8, 16, 16, 3), (8, 16, 16, 3)]
     """
 
     def __init__(self, global_size, local_size=None, num_global=2, num_local=0,

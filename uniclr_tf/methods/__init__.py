@@ -4,6 +4,7 @@
 call on embeddings yourself); ``names()`` lists the names; ``get_class(name)`` is the class, with
 its declarations (``defaults``, ``terms``, ``predictor``, ``target``, ``views``).
 
+Examples:
     >>> from uniclr_tf import methods
     >>> methods.names()[:3]
     ('simaffinity', 'simwhitening', 'simtrace')
@@ -48,8 +49,9 @@ __all__ = ["COMMON_OPTIONS", "Method", "Option", "REGISTRY", "create", "get", "g
 def names():
     """The registered method names, in the registry's order (the three UniCLR objectives first).
 
-    >>> "simtrace" in names() and "byol" in names()
-    True
+    Examples:
+        >>> "simtrace" in names() and "byol" in names()
+        True
     """
     return tuple(REGISTRY)
 
@@ -57,8 +59,9 @@ def names():
 def get_class(name):
     """The ``Method`` subclass registered as ``name`` (its declarations: ``defaults``, ``terms``, ...).
 
-    >>> get_class("byol").defaults
-    {'ema_momentum': 0.99}
+    Examples:
+        >>> get_class("byol").defaults
+        {'ema_momentum': 0.99}
     """
     if not isinstance(name, str) or name not in REGISTRY:
         raise UsageError(f"--method: expected one of {names()}; received {name!r}")
@@ -72,9 +75,10 @@ def get(name, **options):
     Raises ``ValueError`` for an unknown name or a bad option value, and ``TypeError`` for an option
     that the method does not take (the message lists those it takes).
 
-    >>> simtrace = get("simtrace", eps=1e-3)
-    >>> simtrace.options["eps"], simtrace.terms
-    (0.001, ('trace',))
+    Examples:
+        >>> simtrace = get("simtrace", eps=1e-3)
+        >>> simtrace.options["eps"], simtrace.terms
+        (0.001, ('trace',))
     """
     if isinstance(name, Method):
         if options:

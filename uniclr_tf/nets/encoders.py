@@ -242,7 +242,18 @@ def vit(name, input_shape, dims=None):
 def build_encoder(name, input_shape, width=None, norm=None, stem="auto"):
     """Builds the encoder called ``name`` (one of ``ENCODERS``) for images of ``input_shape``;
     ``stem`` is resnet18's (:func:`resnet18_stem`); ``norm`` the batch-norm factory
-    (:class:`~uniclr_tf.nets.norm.BatchNorm`, default plain Keras BN; ViTs have none)."""
+    (:class:`~uniclr_tf.nets.norm.BatchNorm`, default plain Keras BN; ViTs have none).
+
+    Returns a functional ``keras.Model`` from normalised float images to pooled features ``[B, F]``,
+    its spatial size left free (except the ViTs') so that multi-crop's local views go through it.
+
+    Examples:
+        >>> encoder = build_encoder("resnet18", (32, 32, 3))  # CIFAR stem below 64 px
+        >>> encoder.output_shape
+        (None, 512)
+        >>> build_encoder("small", (28, 28, 1), width=16).output_shape
+        (None, 128)
+    """
     input_shape = tuple(int(d) for d in input_shape)
     if len(input_shape) != 3 or input_shape[-1] not in (1, 3):
         raise ValueError(f"input_shape must be (H, W, C) with C in (1, 3); received {input_shape}")

@@ -194,15 +194,16 @@ class UniCLR(train_step_mixin(), keras.Model):
     plain Keras model to reuse; ``model.save("m.keras")`` and ``keras.saving.load_model`` round-trip
     the whole model, and training continues with the same method, heads and optimizer state.
 
-    >>> import keras, numpy as np, uniclr_tf
-    >>> backbone = keras.applications.ResNet50(weights=None, include_top=False, pooling="avg",
-    ...                                        input_shape=(32, 32, 3))
-    >>> model = uniclr_tf.UniCLR(backbone, method="simtrace", projector_dims=(512, 128),
-    ...                          augmenter=uniclr_tf.ViewAugmenter.from_recipe("uniclr", (32, 32, 3)))
-    >>> model.compile(optimizer=uniclr_tf.LARS(0.3))
-    >>> images = np.random.randint(0, 256, (256, 32, 32, 3), dtype="uint8")
-    >>> history = model.fit(images, batch_size=128, epochs=2, verbose=0)
-    >>> features = model.encoder.predict(images[:8] / 255.0, verbose=0)  # [8, 2048]
+    Examples:
+        >>> import keras, numpy as np, uniclr_tf
+        >>> backbone = keras.applications.ResNet50(weights=None, include_top=False, pooling="avg",
+        ...                                        input_shape=(32, 32, 3))
+        >>> model = uniclr_tf.UniCLR(backbone, method="simtrace", projector_dims=(512, 128),
+        ...                          augmenter=uniclr_tf.ViewAugmenter.from_recipe("uniclr", (32, 32, 3)))
+        >>> model.compile(optimizer=uniclr_tf.LARS(0.3))
+        >>> images = np.random.randint(0, 256, (256, 32, 32, 3), dtype="uint8")
+        >>> history = model.fit(images, batch_size=128, epochs=2, verbose=0)
+        >>> features = model.encoder.predict(images[:8] / 255.0, verbose=0)  # [8, 2048]
 
     Args:
       encoder: the backbone: a ``keras.Model`` mapping images ``[B, H, W, C]`` (normalised floats, as

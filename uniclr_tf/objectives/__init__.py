@@ -13,6 +13,19 @@ Rows are samples: embeddings are ``[N, D]``. Every loss returns a scalar mean ov
 
 The whitening maths is in :mod:`uniclr_tf.objectives.whitening` (``whiten`` and ``group_whiten`` are
 re-exported here), the generic tensor helpers in :mod:`uniclr_tf.objectives.tensors`.
+
+Two views' embeddings in, a scalar out, on either backend and inside any training step:
+
+Examples:
+    >>> import numpy as np
+    >>> from uniclr_tf import objectives
+    >>> z1, z2 = np.random.default_rng(0).normal(size=(2, 256, 64)).astype("float32")
+    >>> loss, terms = objectives.sim_affinity_loss(z1, z2, temperature=0.5, gamma=0.01, return_terms=True)
+    >>> sorted(terms)
+    ['cross_entropy', 'symmetry']
+    >>> w1, w2 = objectives.whiten(z1, z2)  # Cholesky whitening of both views' rows together
+    >>> trace = objectives.sim_trace_loss(z1, z2)  # -tr(w1 w2^T) / N
+    >>> baseline = objectives.nt_xent_loss(z1, z2, temperature=0.5)  # SimCLR's; every baseline's loss is here
 """
 
 from uniclr_tf.objectives.asymmetric import byol_loss

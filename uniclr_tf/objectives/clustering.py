@@ -133,8 +133,8 @@ def dino_loss(student, teacher, center, student_temperature=0.1, teacher_tempera
         student: ``[B, K]`` student logits (gradient flows).
         teacher: ``[B, K]`` teacher logits of another view (stop-gradient).
         center: ``[K]`` or ``[1, K]`` running mean of the teacher logits (stop-gradient).
-        student_temperature: T_s > 0. teacher_temperature: T_t > 0 (a number or a scalar tensor: the
-          warm-up schedule's value).
+        student_temperature: T_s > 0.
+        teacher_temperature: T_t > 0 (a number or a scalar tensor: the warm-up schedule's value).
         return_terms: also return ``{"cross_entropy": loss}``.
 
     Returns:

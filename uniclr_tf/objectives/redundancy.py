@@ -239,7 +239,7 @@ def zero_cl_loss(z1, z2, eps=0.01, instance_weight=1.0, feature_weight=1.0, retu
     Args:
         z1, z2: ``[N, D]`` projector outputs of the two views.
         eps: ε > 0 added to the eigenvalues of the covariance.
-        instance_weight, feature_weight: >= 0, the weights of the two terms.
+        instance_weight, feature_weight: the weights of the two terms (each at least 0).
         return_terms: also return ``{"instance": ..., "feature": ...}`` (unweighted).
 
     Returns:

@@ -53,10 +53,11 @@ def export_saved_model(model, directory, preprocess=None, overwrite=False):
     and renamed into place, so an interrupted export never leaves a half-written folder. Needs the
     TensorFlow backend (a model trained under JAX: save its weights, load them under TensorFlow).
 
-    >>> info = uniclr_tf.export_saved_model(model, "export/encoder")
-    >>> serve = uniclr_tf.load_saved_model("export/encoder")
-    >>> serve(images_uint8)["features"].shape
-    (8, 512)
+    Examples:
+        >>> info = uniclr_tf.export_saved_model(model, "export/encoder")
+        >>> serve = uniclr_tf.load_saved_model("export/encoder")
+        >>> serve(images_uint8)["features"].shape
+        (8, 512)
 
     Args:
       model: a :class:`uniclr_tf.UniCLR` (its ``encoder`` and ``projector`` are exported).
@@ -110,8 +111,9 @@ def load_saved_model(directory):
     ``python -m uniclr_tf.export``, a versioned one too) or a SavedModel folder. Any Keras backend
     (TensorFlow must be installed).
 
-    >>> serve = uniclr_tf.load_saved_model("export/encoder")
-    >>> features = serve(np.zeros((4, 28, 28, 1), "uint8"))["features"]
+    Examples:
+        >>> serve = uniclr_tf.load_saved_model("export/encoder")
+        >>> features = serve(np.zeros((4, 28, 28, 1), "uint8"))["features"]
 
     The same with TensorFlow alone::
 

@@ -23,7 +23,13 @@ class KNNMonitor(keras.callbacks.Callback):
     Writes ``knn_top1``/``knn_top5`` and the backbone features' ``effective_rank`` on the test split
     (:func:`uniclr_tf.evaluation.effective_rank`: near 1 for a collapsed representation) into the
     epoch logs (so TensorBoard and CSVLogger placed after it record them) and keeps the history in
-    ``self.history``.
+    ``self.history``. ``train`` (the memory bank) and ``test`` are ``(uint8 images, labels)``;
+    ``preprocess`` maps the images to the encoder's inputs (:class:`uniclr_tf.EvalPreprocess`).
+
+    Examples:
+        >>> monitor = uniclr_tf.KNNMonitor(model.encoder, uniclr_tf.EvalPreprocess(32), (train_x, train_y),
+        ...                                (test_x, test_y), num_classes=10, every=5, k=20)
+        >>> model.fit(train_x, batch_size=256, epochs=50, callbacks=[monitor])  # logs knn_top1 every 5 epochs
     """
 
     def __init__(self, encoder, preprocess, train, test, num_classes, every=1, k=200, temperature=0.1,
@@ -243,6 +249,13 @@ class CollapseDetector(keras.callbacks.Callback):
     in ``RUN/healthy/backup/`` (hard links: no copy), so a collapsed run can be restarted from before
     the collapse with other flags (``--resume_from=RUN/healthy``). Put it after the kNN monitor (it
     reads its ``knn_top1``) and after the backup callback (the epoch's backup is then written).
+    In a plain ``fit`` (no ``run_dir``), ``on_collapse="stop"`` raises :class:`TrainingCollapsed`
+    and ``"warn"`` prints one line.
+
+    Examples:
+        >>> monitor = uniclr_tf.KNNMonitor(model.encoder, preprocess, train, test, num_classes=10)
+        >>> detector = uniclr_tf.CollapseDetector(embedding_dim=128, raw_pixel_top1=0.78, warmup_epochs=10)
+        >>> model.fit(images, epochs=100, callbacks=[monitor, detector])  # stops when the embeddings collapse
     """
 
     def __init__(self, embedding_dim, raw_pixel_top1=None, warmup_epochs=0, on_collapse="stop", run_dir=None,
@@ -421,11 +434,14 @@ class BackupAndResume(keras.callbacks.Callback):
     built and compiled the same way, with the same ``epochs``; with arrays or a dataset of known
     length Keras knows the steps of an epoch (for an endless dataset pass ``steps_per_epoch``). The
     backup is written off the training thread, atomically (a kill at any instant leaves a usable
-    one), checked for NaN first, and the one before it is kept until the next is on disk.
+    one), checked for NaN first, and the one before it is kept until the next is on disk. On JAX the
+    views' random state is in the backup too, and a resumed fit computes what the uninterrupted one
+    would have; TensorFlow's generators are not (a resumed fit draws other random crops).
 
-    >>> backup = uniclr_tf.BackupAndResume("checkpoints/run1")
-    >>> model.fit(images, batch_size=256, epochs=100, callbacks=[backup])  # stopped during epoch 37
-    >>> model.fit(images, batch_size=256, epochs=100, callbacks=[backup])  # resumes at epoch 37
+    Examples:
+        >>> backup = uniclr_tf.BackupAndResume("checkpoints/run1")
+        >>> model.fit(images, batch_size=256, epochs=100, callbacks=[backup])  # stopped during epoch 37
+        >>> model.fit(images, batch_size=256, epochs=100, callbacks=[backup])  # resumes at epoch 37
 
     Args:
       directory: the folder of the backup (created; ``directory/backup/``).

@@ -94,6 +94,10 @@ class LARS(keras.optimizers.Optimizer):
     variables with their paths; ``update_step`` then looks the decision up by variable index, so it
     also holds on the TF backend, whose ``update_step`` receives raw ``tf.Variable``s.
     Sparse gradients (``tf.IndexedSlices``) are densified: the trust ratio needs the full norm.
+
+    Examples:
+        >>> schedule = uniclr_tf.WarmupCosine(0.3, batch_size=512, total_steps=10_000, warmup_steps=1_000)
+        >>> model.compile(optimizer=uniclr_tf.LARS(schedule, momentum=0.9, weight_decay=1e-6))
     """
 
     def __init__(self, learning_rate, momentum=0.9, weight_decay=1e-6, eta=0.001,

@@ -53,6 +53,11 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
         warmup_steps <= s <= total: lr = end + (peak − end)·(1 + cos(π·p))/2,
                                         p = (s − warmup_steps) / (total_steps − warmup_steps)
         s >  total_steps:          lr = end
+
+    Examples:
+        >>> schedule = WarmupCosine(0.3, batch_size=512, total_steps=1000, warmup_steps=100)
+        >>> schedule.peak_learning_rate, round(schedule.host_value(50), 4), schedule.host_value(1000)
+        (0.6, 0.3, 0.0)
     """
 
     def __init__(self, base_learning_rate, batch_size, total_steps, warmup_steps,
