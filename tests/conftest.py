@@ -37,7 +37,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # handed out last would run alone at the end.
 SLOW_MODULES = ("test_distribute.py", "test_methods.py", "test_resilience.py", "test_bench.py",
                 "test_safety.py", "test_streaming.py", "test_collapse.py", "test_export.py", "test_hostile.py",
-                "test_fuzz.py")
+                "test_fuzz.py", "test_examples.py", "test_api.py")
 
 
 def pytest_collection_modifyitems(items):
