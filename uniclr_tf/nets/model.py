@@ -203,7 +203,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         >>> model.compile(optimizer=uniclr_tf.LARS(0.3))
         >>> images = np.random.randint(0, 256, (256, 32, 32, 3), dtype="uint8")
         >>> history = model.fit(images, batch_size=128, epochs=2, verbose=0)
-        >>> features = model.encoder.predict(images[:8] / 255.0, verbose=0)  # [8, 2048]
+        >>> features = model.encoder.predict(uniclr_tf.EvalPreprocess(32)(images[:8]), verbose=0)  # [8, 2048]
 
     Args:
       encoder: the backbone: a ``keras.Model`` mapping images ``[B, H, W, C]`` (normalised floats, as
