@@ -231,14 +231,14 @@ def test_a_long_cpu_run_says_so_once_after_its_first_steps():
                          print_fn=lambda line, flush: printed.append(line))
     slow._sync = lambda: None
     run(slow, 6, 2.0)
-    assert printed == ["note: 2.00 s a step on this machine's CPU: the 19,997 steps left of this run will take "
+    assert printed == ["note: 2.00 s a step on this machine's CPU: the 19,998 steps left of this run will take "
                        "about 11.1 hours. Try configs/quickstart.flags."]
     quick = LongRunNotice(200, accelerated=False, clock=lambda: now[0], print_fn=printed.append)
     quick._sync = lambda: None
     run(quick, 6, 2.0)
     on_gpu = LongRunNotice(20000, accelerated=True, clock=lambda: now[0], print_fn=printed.append)
     run(on_gpu, 6, 2.0)
-    assert len(printed) == 1 and quick.estimate_s == pytest.approx(2.0 * 197) and on_gpu.estimate_s is None
+    assert len(printed) == 1 and quick.estimate_s == pytest.approx(2.0 * 198) and on_gpu.estimate_s is None
 
 
 def test_native_import_notices_are_dropped_and_the_rest_kept(capfd):

@@ -369,14 +369,14 @@ def duration_text(seconds):
 class LongRunNotice(keras.callbacks.Callback):
     """On a machine with CPUs only, one line after the first steps when the whole run will take hours:
     the measured time of a step, the estimated time of the run and ``hint`` (where to find a recipe
-    sized for the machine). The first step (tracing and compiling) is not measured: the steps after it
-    are, up to ``measure_steps`` of them. Nothing is printed on a machine with a GPU or TPU, nor for a
+    sized for the machine). The first step (tracing and compiling) is not measured: the next
+    ``measure_steps`` are. Nothing is printed on a machine with a GPU or TPU, nor for a
     run estimated under ``threshold_s``.
 
     Works in ``on_train_batch_begin`` (no per-step log conversion); the measured steps end with one
     read of a weight, so that the time of a step dispatched ahead (JAX) is the time it took."""
 
-    def __init__(self, total_steps, initial_step=0, hint="", threshold_s=3600.0, measure_steps=2, accelerated=None,
+    def __init__(self, total_steps, initial_step=0, hint="", threshold_s=3600.0, measure_steps=1, accelerated=None,
                  clock=time.monotonic, print_fn=print):
         super().__init__()
         self.total_steps, self.initial_step = int(total_steps), int(initial_step)
@@ -434,7 +434,8 @@ class BackupAndResume(keras.callbacks.Callback):
     built and compiled the same way, with the same ``epochs``; with arrays or a dataset of known
     length Keras knows the steps of an epoch (for an endless dataset pass ``steps_per_epoch``). The
     backup is written off the training thread, atomically (a kill at any instant leaves a usable
-    one), checked for NaN first, and the one before it is kept until the next is on disk. On JAX the
+    one), checked for NaN first, and the one before it is kept until the next is on disk; an epoch
+    end that would wait for the previous backup, still being written, is skipped (never the last). On JAX the
     views' random state is in the backup too, and a resumed fit computes what the uninterrupted one
     would have; TensorFlow's generators are not (a resumed fit draws other random crops).
 
