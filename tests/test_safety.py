@@ -380,6 +380,22 @@ def test_backup_state_that_cannot_be_read_is_named_or_recovered_never_a_silent_r
         backup.latest(str(tmp_path))
 
 
+def test_a_temporary_weight_file_is_never_taken_for_a_backup(tmp_path, capsys):
+    """A write killed mid-way leaves ``weights-<step>.tmp-<pid>-<n>.npz``, complete or not: recovering
+    without state.json takes the newest real backup, and the next backup's clean-up leaves the
+    temporary file to the folder's own clean-up rather than counting it."""
+    from uniclr_tf.training import backup
+    fake_backup(tmp_path, 3)
+    folder = tmp_path / backup.BACKUP_DIR
+    (folder / "weights-000000003.npz").rename(folder / "weights-000000003.keep")
+    fake_backup(tmp_path, 6)
+    (folder / "weights-000000003.keep").rename(folder / "weights-000000009.tmp-1234-0.npz")  # intact, newer
+    (folder / backup.STATE_FILE).unlink()
+    state = backup.latest(str(tmp_path))
+    assert state["weights"] == "weights-000000006.npz" and state["step"] == 6
+    assert "resuming from weights-000000006.npz" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------------
 # 7, 8: signals at the edges, divergence inside an epoch
 

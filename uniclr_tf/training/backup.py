@@ -33,7 +33,6 @@ random crops. The epoch-mean metrics of an epoch resumed mid-way cover the steps
 """
 
 import errno
-import glob
 import json
 import math
 import os
@@ -83,7 +82,7 @@ def latest(run_dir):
     the model (and falls back the same way)."""
     folder = os.path.join(run_dir, BACKUP_DIR)
     path = state_path(run_dir)
-    weights = sorted(glob.glob(os.path.join(folder, "weights-*.npz")))
+    weights = _weight_files(folder)
     if not os.path.exists(path):
         return _recover_without_state(run_dir, weights) if weights else None
     where = f"run folder {run_dir!r}: {BACKUP_DIR}/{STATE_FILE}"
@@ -347,6 +346,16 @@ def to_host(values, pause=0.0):
     return [(path, np.array(array)) for (path, _), array in zip(values, arrays)]
 
 
+_WEIGHT_FILE = re.compile(r"weights-\d+\.npz")
+
+
+def _weight_files(folder):
+    """The backups' weight files in ``folder``, oldest first (full paths): ``weights-<step>.npz`` only,
+    not the temporary files a write in progress or a killed one leaves (``weights-<step>.tmp-….npz``)."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return [os.path.join(folder, n) for n in sorted(names) if _WEIGHT_FILE.fullmatch(n)]
+
+
 def write(run_dir, values, epoch, step, reason):
     """Writes a snapshot as the run's backup, atomically; returns its state dict.
 
@@ -371,7 +380,7 @@ def write(run_dir, values, epoch, step, reason):
     previous = _previous_backup(run_dir, name)
     runs.atomic_write_json(os.path.join(folder, STATE_FILE), {**state, "previous": previous})
     keep = {name, previous["weights"] if previous else None}
-    for old in glob.glob(os.path.join(folder, "weights-*.npz")):
+    for old in _weight_files(folder):
         if os.path.basename(old) not in keep:
             os.remove(old)
     return state
