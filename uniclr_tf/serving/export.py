@@ -380,6 +380,21 @@ def build_serving_fn(encoder, projector, preprocess):
     return serve
 
 
+def write_saved_model(path, encoder, projector, preprocess):
+    """Writes the SavedModel of ``encoder`` + ``projector`` to ``path``: one ``serving_default``
+    signature (:func:`build_serving_fn`) taking uint8 images of the encoder's channels."""
+    import keras
+    import tensorflow as tf
+
+    channels = int(encoder.input_shape[-1])
+    archive = keras.export.ExportArchive()
+    archive.track(encoder)
+    archive.track(projector)
+    archive.add_endpoint(SIGNATURE, build_serving_fn(encoder, projector, preprocess),
+                         input_signature=[tf.TensorSpec([None, None, None, channels], tf.uint8, name=INPUT_NAME)])
+    archive.write_out(path, verbose=False)
+
+
 def load_run(run_dir, force=False):
     """``(encoder, projector, EvalPreprocess, dataset.json dict)`` of a run folder, checked
     (channels, feature size) by :class:`uniclr_tf.training.runs.RunFolder`
@@ -414,18 +429,12 @@ def export_run(run_dir, out_dir, version=None, overwrite=False, force=False):
 
     config = folder.config if folder.has(CONFIG_FILE) else {}  # optional (metadata); checked before the slow work
     encoder, projector, preprocess, info = load_run(run_dir, force=force)
-    channels = info["image_shape"][-1]
 
     saved_model_dir = out_dir if version is None else os.path.join(out_dir, str(version))
     meta = _export_meta(run_dir, out_dir, saved_model_dir, version, encoder, projector, preprocess,
                         info, config, keras.__version__, tf.__version__)
     with staging_folder(saved_model_dir) as (staging, dest), _disk_errors(saved_model_dir):
-        archive = keras.export.ExportArchive()
-        archive.track(encoder)
-        archive.track(projector)
-        archive.add_endpoint(SIGNATURE, build_serving_fn(encoder, projector, preprocess),
-                             input_signature=[tf.TensorSpec([None, None, None, channels], tf.uint8, name=INPUT_NAME)])
-        archive.write_out(staging, verbose=False)
+        write_saved_model(staging, encoder, projector, preprocess)
         if version is None:  # the whole export is this folder
             encoder.save(os.path.join(staging, BACKBONE_FILE))
             atomic_write_json(os.path.join(staging, EXPORT_JSON), meta)

@@ -13,8 +13,9 @@ import json
 import os
 
 from uniclr_tf.serving.export import (BACKBONE_FILE, EXPORT_JSON, INPUT_NAME, OUTPUT_NAMES, SIGNATURE,
-                                      build_serving_fn, check_export_target, check_images, find_saved_model,
-                                      replace_dir, require_tensorflow_backend, staging_folder)
+                                      check_export_target, check_images, find_saved_model,
+                                      replace_dir, require_tensorflow_backend, staging_folder,
+                                      write_saved_model)
 
 __all__ = ["export_saved_model", "load_saved_model"]
 
@@ -90,12 +91,7 @@ def export_saved_model(model, directory, preprocess=None, overwrite=False):
             "method": model.method.name, "backbone": BACKBONE_FILE, "keras": keras.__version__,
             "tensorflow": tf.__version__}
     with staging_folder(directory) as (staging, dest):
-        archive = keras.export.ExportArchive()
-        archive.track(encoder)
-        archive.track(projector)
-        archive.add_endpoint(SIGNATURE, build_serving_fn(encoder, projector, preprocess),
-                             input_signature=[tf.TensorSpec([None, None, None, channels], tf.uint8, name=INPUT_NAME)])
-        archive.write_out(staging, verbose=False)
+        write_saved_model(staging, encoder, projector, preprocess)
         encoder.save(os.path.join(staging, BACKBONE_FILE))
         with open(os.path.join(staging, EXPORT_JSON), "w") as f:
             json.dump(meta, f, indent=1)
