@@ -100,11 +100,16 @@ def _dims(dims, arg):
     return out
 
 
-def _output_shape(model):
+def _shape(model, which):
+    """``model.input_shape`` or ``model.output_shape`` (``which``), or None where Keras cannot tell it."""
     try:
-        return model.output_shape
+        return getattr(model, which)
     except (AttributeError, ValueError, RuntimeError):
         return None
+
+
+def _output_shape(model):
+    return _shape(model, "output_shape")
 
 
 def _check_encoder(encoder):
@@ -112,10 +117,7 @@ def _check_encoder(encoder):
     if not isinstance(encoder, keras.Model):
         raise TypeError(f"encoder: expected a keras.Model mapping images [batch, height, width, channels] to "
                         f"features [batch, features]; received {type(encoder).__name__}")
-    try:
-        inputs = encoder.input_shape
-    except (AttributeError, ValueError, RuntimeError):
-        inputs = None
+    inputs = _shape(encoder, "input_shape")
     if not isinstance(inputs, tuple) or len(inputs) != 4 or inputs[-1] is None:
         raise ValueError(f"encoder: expected one image input [batch, height, width, channels] with the channels "
                          f"known; received input shape {inputs}. Build it on keras.Input((height, width, "
@@ -133,10 +135,7 @@ def _check_head(head, arg, input_dim):
     if not isinstance(head, keras.Model):
         raise TypeError(f"{arg}: expected a keras.Model mapping [batch, {input_dim}] to [batch, size]; received "
                         f"{type(head).__name__}")
-    try:
-        inputs = head.input_shape
-    except (AttributeError, ValueError, RuntimeError):
-        inputs = None
+    inputs = _shape(head, "input_shape")
     if isinstance(inputs, tuple) and len(inputs) == 2 and inputs[-1] is not None and inputs[-1] != input_dim:
         raise ValueError(f"{arg}: its input size is {inputs[-1]}, and it receives {input_dim} "
                          f"({'the encoder' if arg == 'projector' else 'the projector'}'s outputs)")
