@@ -16,7 +16,7 @@
 import keras
 from keras import layers, ops
 
-BATCH_NORMS = ("global", "per_device", "global_one_pass")  # as --batch_norm (config.train_config)
+from uniclr_tf.config.train_config import BATCH_NORMS
 
 
 class BatchNorm:
