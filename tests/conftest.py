@@ -30,6 +30,8 @@ def xla_flags(*flags):
 
 import pytest  # noqa: E402
 
+from tests import warm  # noqa: E402
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # The modules whose tests take longest (process start-up and tracing in child processes), run first:
@@ -38,6 +40,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SLOW_MODULES = ("test_distribute.py", "test_methods.py", "test_resilience.py", "test_bench.py",
                 "test_safety.py", "test_streaming.py", "test_collapse.py", "test_export.py", "test_hostile.py",
                 "test_fuzz.py", "test_examples.py", "test_api.py")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_interpreters():
+    """The warm interpreters (tests/warm.py) of both backends, started at once in the background: the
+    first test to start a child need not wait ~10 s for one."""
+    warm.warm_up("tensorflow", "jax")
 
 
 def pytest_collection_modifyitems(items):
@@ -56,7 +65,7 @@ class PythonJob:
                          "PYTHONPATH": str(REPO_ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")})
         full_env.update(env or {})
         self.backend, self.timeout = backend, timeout
-        self.proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO_ROOT, env=full_env,
+        self.proc = warm.popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO_ROOT, env=full_env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._out = None
 

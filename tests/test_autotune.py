@@ -3,10 +3,10 @@
 import base64
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from tests import warm
 
 from uniclr_tf.training import autotune
 
@@ -112,7 +112,7 @@ def test_the_shipped_table_round_trips_byte_for_byte(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "uniclr_tf.training.autotune", *args], capture_output=True, text=True,
+    return warm.run([sys.executable, "-m", "uniclr_tf.training.autotune", *args], capture_output=True, text=True,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 

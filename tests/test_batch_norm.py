@@ -4,13 +4,13 @@ float64 reference."""
 
 import concurrent.futures
 import json
-import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
 
+from tests import warm
 from tests.conftest import REPO_ROOT
 from uniclr_tf.nets import encoders
 from uniclr_tf.nets.encoders import GroupBatchNormalization
@@ -153,13 +153,14 @@ def test_group_batch_norm_config_context_and_errors():
 
 def collectives(tmp_path, batch_norm):
     out = tmp_path / f"{batch_norm}.json"
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, "-m", "benchmarks.spmd_collectives", "--devices=2", f"--out={out}", "--",
          "--flagfile=configs/quickstart.flags", "--method=simaffinity", "--encoder=tiny", "--encoder_width=8",
          "--projector_dims=64,32", "--batch_size=32", "--max_examples=256", f"--batch_norm={batch_norm}",
          f"--run_dir={tmp_path / batch_norm}"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"})
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "3",
+             "KERAS_BACKEND": "jax"})   # the script's own backend, which it sets before importing Keras
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())["counts"]
 

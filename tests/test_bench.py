@@ -15,6 +15,7 @@ from keras import ops
 from uniclr_tf import objectives as obj
 from uniclr_tf.training.launch import free_port
 from uniclr_tf.objectives import whitening
+from tests import warm
 from tests.conftest import xla_flags
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--quick", f"--out={out}"],
+    proc = warm.run([sys.executable, "-m", "benchmarks.bench", "--quick", f"--out={out}"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -79,13 +80,13 @@ def jax_bench_runs(tmp_path_factory):
     common = [sys.executable, "-m", "benchmarks.bench", "--quick", "--sections=a", "--peak_tflops=2",
               "--precision=float32", "--reps=1"]
     runs = {1: (1, "global"), 3: (3, "global"), "2pd": (2, "per_device")}
-    procs = {key: subprocess.Popen(
+    procs = {key: warm.popen(
         [*common, f"--devices={devices}", f"--batch_norm={bn}", f"--out={tmp_path / f'bench{key}.json'}"],
         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for key, (devices, bn) in runs.items()}
     port = free_port()
     for pid in (0, 1):
-        procs[f"2p-{pid}"] = subprocess.Popen(
+        procs[f"2p-{pid}"] = warm.popen(
             [*common, "--devices=2", "--batch_norm=global", "--num_processes=2", f"--process_id={pid}",
              f"--profile_dir={tmp_path / 'trace'}",
              "--profile_steps=2", f"--coordinator_address=127.0.0.1:{port}", f"--out={tmp_path / 'bench2p.json'}"],
@@ -150,7 +151,7 @@ def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(
     from tests.test_resilience import TINY  # the resilience tests' tiny run
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT)}
     gap_json = tmp_path / "gap.json"
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, "-m", "benchmarks.epoch_gap", "--variant=one_piece", f"--out={gap_json}",
          f"--cprofile={tmp_path / 'run.prof'}", "--",
          *TINY, "--augment_on=device", "--epochs=5", "--steps_per_epoch=2", "--knn_every=0", f"--run_dir={tmp_path}", "--run_name=g", "--verbose=2"],
@@ -167,7 +168,7 @@ def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(
     assert (tmp_path / "run.prof").stat().st_size > 0 and "== epoch-end work and data stream" in proc.stdout
 
     summary_json = tmp_path / "summary.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.cli_vs_bench", f"--summarise={tmp_path / 'g'}",
+    proc = warm.run([sys.executable, "-m", "benchmarks.cli_vs_bench", f"--summarise={tmp_path / 'g'}",
                            "--model_rate=1000", "--process_seconds=100", f"--out={summary_json}", "--label=tiny"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -182,7 +183,7 @@ def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(
 
 def test_bad_sections_flag_is_a_usage_error():
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--quick", "--sections=a,x"],
+    proc = warm.run([sys.executable, "-m", "benchmarks.bench", "--quick", "--sections=a,x"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "--sections" in proc.stderr and "'x'" in proc.stderr

@@ -4,11 +4,11 @@ run that stops and says so, SimSiam's fixed-rate predictor."""
 import json
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from tests import warm
 
 from conftest import REPO_ROOT
 
@@ -103,16 +103,17 @@ def test_a_warn_detector_prints_and_goes_on(capsys):
 # --- a real collapse on the CPU, end to end ----------------------------------------------------------
 
 # SimCLR with a huge symmetric weight on a 4-d embedding: right after the one-epoch lr warm-up the
-# embedding std falls from about 0.44 to 0.03 of the 1/sqrt(D) of spread-out embeddings, well under the
-# detector's threshold here (0.1; 0.02 by default, set for D = 128-2048).
+# embedding std falls from about 0.5 to 0.06-0.12 of the 1/sqrt(D) of spread-out embeddings (TensorFlow's
+# CPU reductions are not deterministic, and the fall varies from run to run), under the detector's
+# threshold here (0.15; 0.02 by default, set for D = 128-2048).
 COLLAPSING = ["--flagfile=configs/quickstart.flags", "--method=simclr", "--encoder=tiny", "--encoder_width=16",
               "--projector_dims=64,4", "--batch_size=64", "--max_examples=512", "--knn_max_train=512",
               "--epochs=4", "--steps_per_epoch=4", "--knn_every=1", "--warmup_epochs=1", "--base_learning_rate=1.0",
-              "--gamma=30", "--collapse_std_fraction=0.1", "--nopictures", "--verbose=2"]
+              "--gamma=30", "--collapse_std_fraction=0.15", "--nopictures", "--verbose=2"]
 
 
 def _train(*flags, run_dir):
-    return subprocess.run([sys.executable, "-m", "uniclr_tf.train", *flags, f"--run_dir={run_dir}"],
+    return warm.run([sys.executable, "-m", "uniclr_tf.train", *flags, f"--run_dir={run_dir}"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "KERAS_BACKEND": "tensorflow"})
 

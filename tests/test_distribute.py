@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests import warm
 from tests.conftest import PythonJob, run_python_snippets, xla_flags
 from uniclr_tf import methods
 from uniclr_tf.training.launch import free_port
@@ -221,7 +222,7 @@ def test_jax_two_processes_equal_one_process_with_two_devices_and_resume(tmp_pat
     def start(devices, *extra):
         env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT),
                "XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={devices}")}
-        return subprocess.Popen([sys.executable, "-m", "uniclr_tf.train", *args, *extra], cwd=REPO_ROOT, env=env,
+        return warm.popen([sys.executable, "-m", "uniclr_tf.train", *args, *extra], cwd=REPO_ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def start_job(*extra):
@@ -302,7 +303,7 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_and_resumes(tmp
 
     def start_job():
         port = free_port()
-        return [subprocess.Popen([sys.executable, "-m", "uniclr_tf.train", *args, "--num_processes=2", f"--process_id={i}",
+        return [warm.popen([sys.executable, "-m", "uniclr_tf.train", *args, "--num_processes=2", f"--process_id={i}",
                                   f"--coordinator_address=127.0.0.1:{port}"], cwd=REPO_ROOT, env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
 
@@ -311,7 +312,7 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_and_resumes(tmp
     assert len(agreed) == 1 and agreed[0].startswith("process 1:"), agreed  # process 1 published, 0 followed
     assert step > 30 and "process 0 saved the backup" in outs[1][0] + outs[1][1]
 
-    launcher = subprocess.run([sys.executable, "-m", "uniclr_tf.launch", "--processes=2", f"--log_dir={tmp_path / 'logs'}",
+    launcher = warm.run([sys.executable, "-m", "uniclr_tf.launch", "--processes=2", f"--log_dir={tmp_path / 'logs'}",
                                "--", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert launcher.returncode == 0, launcher.stdout[-2000:] + launcher.stderr[-3000:]
     assert "launch: 2 processes" in launcher.stdout
@@ -418,7 +419,7 @@ def test_launch_processes_die_with_a_killed_launcher(tmp_path):
 
     from tests.conftest import REPO_ROOT
 
-    parent = subprocess.Popen([sys.executable, "-c", "import sys, time; from uniclr_tf.training import launch; "
+    parent = warm.popen([sys.executable, "-c", "import sys, time; from uniclr_tf.training import launch; "
                                "p = launch.start([sys.executable, '-c', 'import time; time.sleep(120)']); "
                                "print(p.pid, flush=True); time.sleep(120)"],
                               cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE,
@@ -464,7 +465,7 @@ def test_tf_two_workers_equal_one_worker_with_two_devices(tmp_path):
     base_env.pop("TF_CONFIG", None)
 
     def start(env, *extra):
-        return subprocess.Popen([sys.executable, "-m", "uniclr_tf.train", *args, *extra], cwd=REPO_ROOT,
+        return warm.popen([sys.executable, "-m", "uniclr_tf.train", *args, *extra], cwd=REPO_ROOT,
                                 env={**base_env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def job(*extra):
@@ -510,7 +511,7 @@ def test_tf_workers_stop_at_one_step_when_one_worker_is_signalled_and_resume(tmp
 
     def start_job():
         cluster = {"worker": [f"localhost:{free_port()}" for _ in range(2)]}
-        return [subprocess.Popen([sys.executable, "-m", "uniclr_tf.train", *args], cwd=REPO_ROOT, text=True,
+        return [warm.popen([sys.executable, "-m", "uniclr_tf.train", *args], cwd=REPO_ROOT, text=True,
                                  env={**env, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
 

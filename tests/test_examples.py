@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+from tests import warm
 from tests.conftest import REPO_ROOT
 
 EXAMPLES = REPO_ROOT / "examples"
@@ -34,7 +35,7 @@ RUNNER = textwrap.dedent(r"""
 def start(backend, scripts, folder):
     env = {**os.environ, "KERAS_BACKEND": backend, "UNICLR_EXAMPLES_TINY": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.Popen([sys.executable, "-c", RUNNER, *(str(EXAMPLES / s) for s in scripts)], cwd=folder,
+    return warm.popen([sys.executable, "-c", RUNNER, *(str(EXAMPLES / s) for s in scripts)], cwd=folder,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests import warm
 from tests.conftest import REPO_ROOT, file_tree
 from uniclr_tf.nets import encoders
 from uniclr_tf.serving import export
@@ -85,11 +86,12 @@ class Job:
     """A subprocess started now and awaited when a test needs it (each costs a TF import, ~5 s of
     CPU: the module starts them together so that they overlap)."""
 
-    def __init__(self, args, backend="tensorflow"):
+    def __init__(self, args, backend="tensorflow", cold=False):
         env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2",
-               "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+               "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **({"UNICLR_TESTS_COLD": "1"} if cold else {})}
+        self.proc = warm.popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
         self._result = None
 
     def result(self, timeout=300):
@@ -167,7 +169,8 @@ def exported(tmp_path_factory):
     saved_model = os.path.join(out_dir, "1")
     saved_model_cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
     jobs = {
-        "fresh": Job([sys.executable, "-c", FRESH_PROCESS, str(root), saved_model]),
+        # cold: a process that has imported neither the package nor Keras, as a server has not
+        "fresh": Job([sys.executable, "-c", FRESH_PROCESS, str(root), saved_model], cold=True),
         "saved_model_cli": Job([saved_model_cli, "run", "--dir", saved_model, "--tag_set", "serve",
                                 "--signature_def", "serving_default", "--inputs", f"images={root / 'images.npy'}",
                                 "--outdir", str(root / "saved_model_cli")]),
@@ -294,7 +297,7 @@ def test_cli_bad_or_missing_flag_one_error_line(tmp_path, args, line):
     required flag: one ``error: --flag: ...`` line naming the flag, exit code 1, no traceback,
     nothing written (``ExportConfig``)."""
     args = [a.replace("RUN", str(tmp_path / "run")).replace("OUT", str(tmp_path / "out")) for a in args]
-    proc = subprocess.run(export_cli(*args), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    proc = warm.run(export_cli(*args), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()

@@ -7,12 +7,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests import warm
 from tests.conftest import REPO_ROOT, write_stripes_folder
 
 from uniclr_tf.evaluation import finetune as ft
@@ -21,7 +21,7 @@ from uniclr_tf.evaluation import protocols
 
 def run_module(*args, backend="tensorflow", timeout=300):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO_ROOT), KERAS_BACKEND=backend)
-    return subprocess.run([sys.executable, "-m", "uniclr_tf.finetune", *args], cwd=REPO_ROOT, env=env,
+    return warm.run([sys.executable, "-m", "uniclr_tf.finetune", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

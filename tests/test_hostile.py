@@ -11,17 +11,15 @@ import json
 import os
 import shutil
 import socket
-import stat
-import subprocess
 import sys
 import threading
 import time
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests import warm
 from tests.conftest import REPO_ROOT, run_cli_forks
 
 # ---------------------------------------------------------------------------------------------
@@ -519,7 +517,7 @@ runpy.run_module("uniclr_tf.train", run_name="__main__", alter_sys=True)
 def _cli(*args, code=None):
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT)}
     command = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "uniclr_tf.train", *args]
-    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return warm.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_a_signal_acknowledged_at_the_last_step_stops_the_run_and_export_is_not_ignored(tmp_path):

@@ -6,14 +6,13 @@ augmentation on the device (``--augment_on=device``; also under JAX with TensorF
 import json
 import os
 import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 
+from tests import warm
 from tests.conftest import NO_TENSORFLOW, REPO_ROOT, run_python_snippet, write_stripes_folder
 
 from uniclr_tf.evaluation import linear as le
@@ -24,7 +23,7 @@ FULL_KEY = "linear[fashion_mnist, labels=100%]"
 
 def run_module(module, *args, backend="tensorflow", timeout=300):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO_ROOT), KERAS_BACKEND=backend)
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env,
+    return warm.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -313,7 +312,7 @@ from uniclr_tf import linear_eval
 linear_eval.entry_point()
 """
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO_ROOT), KERAS_BACKEND="jax")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+    proc = warm.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     line = last_line(proc.stderr)

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from tests import warm
 from tests.conftest import REPO_ROOT, xla_flags
 
 TINY = ["--flagfile=configs/quickstart.flags", "--encoder_width=8", "--projector_dims=64,32", "--batch_size=64",
@@ -30,12 +31,12 @@ def cli(*args, backend="tensorflow", env=None):
 
 def run_cli(*args, backend="tensorflow", timeout=600, env=None):
     cmd, full_env = cli(*args, backend=backend, env=env)
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return warm.run(cmd, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def start_cli(*args, backend="tensorflow"):
     cmd, env = cli(*args, backend=backend)
-    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return warm.popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for_line(proc, fragment, timeout=300):
@@ -237,7 +238,7 @@ def full_disk(run_dir):
     args = [*TINY, "--method=simclr", "--epochs=2", "--steps_per_epoch=2", "--knn_every=0", f"--run_dir={run_dir}",
             "--run_name=f"]
     cmd, env = cli(*args)
-    return subprocess.run([sys.executable, "-c", FULL_DISK, *args], cwd=REPO_ROOT, env=env, capture_output=True,
+    return warm.run([sys.executable, "-c", FULL_DISK, *args], cwd=REPO_ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
 
 

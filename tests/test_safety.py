@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests import warm
 from tests.conftest import REPO_ROOT, run_cli_forks, write_stripes_folder
 from tests.test_resilience import TINY, cli, strict_json
 
@@ -94,7 +95,7 @@ QUICK = [*TINY, "--method=simclr", "--knn_every=0"]
 
 def patched_cli(mode, *args):
     _, env = cli()
-    return subprocess.run([sys.executable, "-c", PATCHED_CLI, mode, *args], cwd=REPO_ROOT, env=env,
+    return warm.run([sys.executable, "-c", PATCHED_CLI, mode, *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -189,7 +190,7 @@ time.sleep(600)
 def test_a_run_folder_is_locked_by_one_process_and_a_killed_holder_leaves_no_stuck_lock(tmp_path):
     from uniclr_tf.training import runs
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path / "r")], env=env,
+    holder = warm.popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path / "r")], env=env,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"

@@ -9,11 +9,11 @@ refused flags run in forks of one interpreter that has made the CLI's imports. T
 import concurrent.futures
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests import warm
 from tests.conftest import NO_TENSORFLOW, REPO_ROOT, run_cli_forks, run_python_snippet
 
 from uniclr_tf.config.train_config import TrainConfig
@@ -21,12 +21,12 @@ from uniclr_tf.config.train_config import TrainConfig
 
 def run_cli(*args, timeout=600):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, "-m", "uniclr_tf.train", *args], cwd=REPO_ROOT, env=env,
+    return warm.run([sys.executable, "-m", "uniclr_tf.train", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
 def run_help(module, flag):
-    return subprocess.run([sys.executable, "-m", module, flag], cwd=REPO_ROOT, capture_output=True, text=True,
+    return warm.run([sys.executable, "-m", module, flag], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=300)
 
 
