@@ -421,6 +421,38 @@ def test_a_signal_delivered_twice_at_once_is_one_signal_and_a_later_sigint_is_a_
     assert e.value.twice and e.value.exit_code == 130
 
 
+def test_the_signal_notice_does_not_write_into_a_stdout_busy_writing(monkeypatch):
+    """The handler runs between two bytecodes of the main thread, which may be inside a write to the
+    buffered stdout (a progress bar): writing through the same stream from the handler raised
+    "RuntimeError: reentrant call" and ended a run that a signal should have stopped cleanly. The
+    notice goes to stdout's file descriptor instead."""
+    import os
+    import signal
+
+    from uniclr_tf.training import backup
+
+    read, write = os.pipe()
+
+    class BusyStdout:   # a stream in the middle of a write, as the handler finds it
+        encoding = "utf-8"
+
+        def fileno(self):
+            return write
+
+        def write(self, text):
+            raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stdout>'>")
+
+        def flush(self):
+            raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stdout>'>")
+
+    monkeypatch.setattr("sys.stdout", BusyStdout())
+    backup.Interrupts()._handle(signal.SIGTERM, None)
+    os.close(write)
+    with os.fdopen(read) as f:
+        assert f.read() == ("\nreceived SIGTERM: saving a backup at the next step boundary "
+                            "(Ctrl-C again to stop at once)\n")
+
+
 def test_a_second_sigint_exits_130_with_one_true_line(cli_runs):
     run_dir, proc = cli_runs["twice"]
     proc = proc.result()

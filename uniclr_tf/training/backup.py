@@ -38,6 +38,7 @@ import math
 import os
 import re
 import signal
+import sys
 import time
 
 import keras
@@ -568,6 +569,22 @@ def phase():
     return _phase["where"]
 
 
+def _say_now(text):
+    """``text`` on stdout from a signal handler. Not by ``print``: the handler runs between two bytecodes
+    of the main thread, which may be inside a write to the same buffered stdout (a progress bar), and
+    a second write into it raises RuntimeError ("reentrant call"). Straight to the file descriptor
+    instead (text the buffer still holds comes after it); through ``print`` only where stdout has none."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        print(text, end="", flush=True)
+        return
+    try:
+        os.write(fd, text.encode(getattr(sys.stdout, "encoding", None) or "utf-8", errors="replace"))
+    except OSError:
+        pass   # stdout closed: nothing to tell
+
+
 class Interrupts:
     """Turns SIGTERM and SIGINT into a request to stop at the next step boundary (a second SIGINT
     raises :class:`Interrupted` at once). With ``immediate``, every such signal raises
@@ -594,8 +611,8 @@ class Interrupts:
             raise Interrupted(signum, twice=True)
         if seen is None:
             return
-        print(f"\nreceived {signal.Signals(signum).name}: saving a backup at the next step boundary "
-              "(Ctrl-C again to stop at once)", flush=True)
+        _say_now(f"\nreceived {signal.Signals(signum).name}: saving a backup at the next step boundary "
+                 "(Ctrl-C again to stop at once)\n")
 
     def __enter__(self):
         try:
