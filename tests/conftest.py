@@ -153,63 +153,18 @@ def wait_for(path, timeout=600):
 """
 
 
-FORKED_CLI = r"""
-import json, os, runpy, sys, tempfile, traceback
-import importlib
-module, cases, preload = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-for name in preload:  # its imports (TensorFlow, Keras, ...), once for every case
-    importlib.import_module(name)
-assert module not in sys.modules, module  # run as __main__ in each fork, as by `python -m`
-results = []
-for args in cases:
-    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # what `python -m module args` does, the imports done
-        os.dup2(out.fileno(), 1)
-        os.dup2(err.fileno(), 2)
-        sys.argv = ["-m", *args]
-        try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as e:  # as the interpreter ends on it
-            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-            if not isinstance(e.code, int) and e.code is not None:
-                print(e.code, file=sys.stderr)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    texts = []
-    for f in (out, err):
-        f.seek(0)
-        texts.append(f.read().decode(errors="replace"))
-    results.append({"returncode": os.waitstatus_to_exitcode(status), "stdout": texts[0], "stderr": texts[1]})
-print(json.dumps(results))
-"""
-
-
-CLI_IMPORTS = ("tensorflow", "keras", "uniclr_tf.training.backup", "uniclr_tf.config.train_config", "uniclr_tf.data", "uniclr_tf.methods",
-               "uniclr_tf.training.runs")
-
-
-def run_cli_forks(module, cases, preload=CLI_IMPORTS, env=None, timeout=600):
-    """``python -m module *args`` for each ``args`` of ``cases``, each in a fork of one interpreter that
-    has imported ``preload``, what ``module`` imports (TensorFlow and Keras: ~5 s of CPU, once): a list of
-    ``(returncode, stdout, stderr)`` namespaces. For runs that stop early (a refused flag)."""
+def run_cli_forks(module, cases, env=None, timeout=600):
+    """``python -m module *args`` for each ``args`` of ``cases``, one after the other, each a child of the
+    warm interpreter (tests/warm.py): a list of ``(returncode, stdout, stderr)`` namespaces."""
     import types
     full_env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3",
                 "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
-    proc = subprocess.run([sys.executable, "-c", FORKED_CLI, module, json.dumps([list(a) for a in cases]),
-                           json.dumps(list(preload))],
-                          cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"the forking interpreter failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return [types.SimpleNamespace(**r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
+    results = []
+    for args in cases:
+        proc = warm.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=full_env, capture_output=True,
+                        text=True, timeout=timeout)
+        results.append(types.SimpleNamespace(returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr))
+    return results
 
 
 @pytest.fixture
