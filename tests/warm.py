@@ -22,9 +22,9 @@ environment sets it (a test that needs a process without the package imported).
 """
 
 import atexit
-import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,11 +42,13 @@ PRELOAD = ("numpy", "tensorflow", "keras", "h5py", "absl.flags", "uniclr_tf.conf
            "uniclr_tf.data", "uniclr_tf.augment", "uniclr_tf.training.cli", "uniclr_tf.training.callbacks",
            "uniclr_tf.training.backup", "uniclr_tf.training.runs", "uniclr_tf.evaluation")
 
-#: May differ between a child's environment and the warm interpreter's: read after start-up.
-FREE_ENV = ("XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "PYTHONPATH")
+#: May differ between a child's environment and the warm interpreter's: read after start-up (and
+#: ``KERAS_BACKEND``, which chose the interpreter). ``PYTHONPATH`` may name folders it already has.
+FREE_ENV = ("KERAS_BACKEND", "XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG", "PYTHONUNBUFFERED",
+            "CUDA_VISIBLE_DEVICES")
 
 SERVER = r"""
-import atexit, io, json, os, runpy, signal, socket, sys, threading, time, traceback, types
+import atexit, io, json, os, runpy, signal, socket, sys, threading, traceback, types
 sock = socket.socket(fileno=int(sys.argv[1]))
 for name in json.loads(sys.argv[2]):
     __import__(name)
@@ -191,7 +193,6 @@ class _Server:
                     self.returncodes[message["pid"]] = message["returncode"]
                 if block:
                     return
-                self.sock.setblocking(False)
         except BlockingIOError:
             return
         finally:
@@ -265,15 +266,12 @@ def _eligible(argv, env):
             server.warned = True
             warnings.warn(f"tests/warm.py: the warm {backend} interpreter did not start ({server.ready['error']})")
         return None
-    base = server.env
+    base, path = server.env, set(server.ready["path"]) | {""}
     for key in set(base) | set(env):
-        if base.get(key) == env.get(key) or key in FREE_ENV[:-1] or key.startswith(("UNICLR_", "PYTEST_")):
+        if base.get(key) == env.get(key) or key in FREE_ENV or key.startswith(("UNICLR_", "PYTEST_")):
             continue
-        if key == "PYTHONPATH":
-            path = set(server.ready["path"]) | {""}
-            if all(os.path.abspath(p) in path or p in path for p in env.get(key, "").split(os.pathsep)):
-                continue
-        if key == "KERAS_BACKEND":
+        if key == "PYTHONPATH" and all(p in path or os.path.abspath(p) in path
+                                       for p in env.get(key, "").split(os.pathsep)):
             continue
         return None
     if argv[1] == "-m" and argv[2] in server.ready["modules"]:
@@ -367,10 +365,10 @@ class WarmProcess:
                 pass
 
     def terminate(self):
-        self.send_signal(15)
+        self.send_signal(signal.SIGTERM)
 
     def kill(self):
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
     def __enter__(self):
         return self
@@ -384,14 +382,15 @@ class WarmProcess:
 
 def popen(argv, env=None, cwd=None, text=False, stdin=None, stdout=None, stderr=None, **kwargs):
     """:class:`subprocess.Popen` of ``argv``, a child of a warm interpreter when it can be one."""
+    argv = [str(a) for a in argv]
     env = dict(os.environ if env is None else env)
     cwd = os.path.abspath(cwd or os.getcwd())
     universal = text or kwargs.pop("universal_newlines", False)
-    server = None if kwargs else _eligible([str(a) for a in argv], env)
+    server = None if kwargs else _eligible(argv, env)
     if server is None:
         return subprocess.Popen(argv, env=env, cwd=cwd, text=universal, stdin=stdin, stdout=stdout,
                                 stderr=stderr, **kwargs)
-    return WarmProcess(server, [str(a) for a in argv], env, cwd, universal, stdin, stdout, stderr)
+    return WarmProcess(server, argv, env, cwd, universal, stdin, stdout, stderr)
 
 
 def run(argv, env=None, cwd=None, text=False, capture_output=False, timeout=None, check=False, input=None,
