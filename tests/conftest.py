@@ -23,6 +23,21 @@ if XLA_TEST_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAGS}".strip()
 
 
+# JAX's persistent compilation cache, in one folder for the whole test session (made by the first
+# process of the session, whose environment the pytest workers and every child inherit; removed when it
+# exits): the processes of a multi-process job, a resumed run and the snippets of a test compile the
+# same programs, each compile costing seconds of CPU. The train CLI keeps no cache on JAX's CPU
+# backend (``training.cli.enable_compilation_cache``); tests/test_compiles.py turns it off to see
+# every compile.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+    _cache_dir, _cache_owner = tempfile.mkdtemp(prefix="uniclr-tests-xla-cache-"), os.getpid()
+    atexit.register(lambda: os.getpid() == _cache_owner and shutil.rmtree(_cache_dir, ignore_errors=True))
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.2")
+
+
 def xla_flags(*flags):
     """``XLA_FLAGS`` for a child process: the tests' own (above) and ``flags``."""
     return " ".join([os.environ["XLA_FLAGS"], *flags])

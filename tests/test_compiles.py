@@ -28,6 +28,7 @@ SNIPPET = r"""
 import json, logging, re
 import jax
 jax.config.update("jax_log_compiles", True)
+jax.config.update("jax_enable_compilation_cache", False)  # the tests' shared cache would hide compiles
 import keras
 from absl import flags
 from uniclr_tf.training import cli as train
