@@ -451,7 +451,23 @@ def pack_run(folder, card=None):
     return {"status": status, "card": card or _card_of(folder), "epochs_done": len(history),
             "metrics": {k: metrics[k] for k in KEPT_METRICS if k in metrics},
             "linear": {k: {m: v[m] for m in ("top1", "top5") if m in v} for k, v in sections.items()},
-            "history": curves}
+            "history": curves, **_speed(history, metrics, _load(os.path.join(folder, "config.json")) or {})}
+
+
+def _speed(history, metrics, config):
+    """``seconds``: the training's wall clock, the sum of every epoch's (steps, kNN evaluation, callbacks;
+    not the start-up nor the final evaluation), over the calls that resumed it. ``images_per_s``: training
+    images a second of the step clock, the median over the epochs after the first (which compiles). Both
+    None where the history lacks the clocks. Runs that shared a GPU (``--per_gpu``) count their share."""
+    out = {}
+    if history and all(isinstance(e.get("epoch_seconds"), (int, float)) for e in history):
+        out["seconds"] = round(sum(e["epoch_seconds"] for e in history), 1)
+    steps, epochs, batch = metrics.get("steps"), metrics.get("epochs"), config.get("batch_size")
+    timed = [e["step_seconds"] for e in history[1:] if isinstance(e.get("step_seconds"), (int, float))
+             and e["step_seconds"] > 0]
+    if steps and epochs and batch and timed:
+        out["images_per_s"] = round(steps / epochs * batch / statistics.median(timed), 1)
+    return out
 
 
 def load_runs(paths, only=None):
@@ -519,7 +535,9 @@ def study(paths, at=(), per_run=False, only=None):
                "unfinished": sum(1 for _, r in members if outcome(r)[0] == "unfinished"),
                "epochs": _join(str(r["metrics"].get("epochs") or r.get("epochs_done")) for r in finished),
                "knn": stats(r["metrics"].get("knn_top1") for r in finished),
-               "linear": stats(_linear(r) for r in finished)}
+               "linear": stats(_linear(r) for r in finished),
+               "minutes": stats(r["seconds"] / 60 for r in finished if r.get("seconds") is not None),
+               "images_per_s": stats(r.get("images_per_s") for r in finished)}
         row["knn_min"] = row["knn"]["min"] if row["knn"] else None
         for epoch in at:
             row[f"knn@{epoch}"] = stats(_knn_at(r, epoch) for r in finished)
@@ -527,7 +545,8 @@ def study(paths, at=(), per_run=False, only=None):
     marks = [(f"knn@{e}", f"kNN @{e}", ".4f") for e in at]
     columns = [("configuration", "configuration", ""), ("card", "card", ""), ("date", "date", ""),
                ("n", "n", ""), ("failed", "failed", ""), *marks, ("knn", "final kNN top-1", ".4f"),
-               ("knn_min", "min", ".4f"), ("linear", "linear top-1", ".4f"), ("epochs", "epochs", "")]
+               ("knn_min", "min", ".4f"), ("linear", "linear top-1", ".4f"), ("epochs", "epochs", ""),
+               ("minutes", "wall clock, min", ".1f"), ("images_per_s", "images/s", ".0f")]
     if any(r["unfinished"] for r in rows):
         columns.append(("unfinished", "unfinished", ""))
     if any(r["why"] for r in rows):

@@ -32,7 +32,8 @@ After a run ends well, ``--linear_eval FLAGS`` runs ``python -m uniclr_tf.linear
 ``OUT/NAME/`` gets a copy of the run's small files (history.json, metrics.json, flags.txt,
 linear_eval.json, config.json), its logs and ``exits.json`` (each phase's exit code);
 ``OUT/summary.md`` and ``OUT/summary.json`` the study report (``python -m benchmarks.report study OUT``):
-per configuration the seeds run and failed, kNN and linear top-1 as mean ± std, and a row per run.
+per configuration the seeds run and failed, kNN and linear top-1 as mean ± std, the training's wall clock
+and images a second (a run's share of its GPU under ``--per_gpu``), and a row per run.
 
 ``plan robustness`` is every shipped GPU config (``configs/*.flags`` but the CPU quickstarts,
 ``configs/paper/fashion_mnist_*.flags``, ``configs/methods/*.flags``) x 5 seeds x the first 30 epochs of

@@ -75,6 +75,27 @@ def test_report_groups_seeds_counts_failures_and_reads_linear_and_exit_codes(tmp
     assert "| a | " in text and "0.8600 ± 0.0141" in text and "a-s2: collapsed @12" in text
 
 
+def test_report_gives_each_configuration_its_wall_clock_and_images_a_second(tmp_path):
+    """The wall clock is the sum of the epochs' (over the calls that resumed a run); images a second the
+    median over the epochs after the first of steps per epoch x batch / the epoch's step clock."""
+    out = tmp_path / "out"
+    clocks = [(30.0, 28.0), (10.0, 8.0), (12.0, 10.0), (11.0, 9.0)]  # (epoch_seconds, step_seconds): epoch 1 compiles
+    for name, scale in (("a", 1.0), ("a-s1", 2.0)):
+        history = [{"epoch": i + 1, "knn_top1": 0.8, "epoch_seconds": e * scale, "step_seconds": t * scale}
+                   for i, (e, t) in enumerate(clocks)]
+        _run(out / name, history, status="finished", knn_top1=0.85, epochs=4, steps=40)
+        (out / name / "config.json").write_text(json.dumps({"batch_size": 64}))
+    _run(out / "b", [{"epoch": 1, "knn_top1": 0.8}], status="finished", knn_top1=0.8, epochs=1, steps=10)  # no clocks
+    packed = report.pack_run(str(out / "a"))
+    assert packed["seconds"] == 63.0 and packed["images_per_s"] == pytest.approx(10 * 64 / 9.0, abs=0.05)
+    rows = {r["configuration"]: r for r in report.study([str(out)])[0][0]["rows"]}
+    assert rows["a"]["minutes"]["mean"] == pytest.approx((63 + 126) / 2 / 60)
+    assert rows["a"]["images_per_s"]["mean"] == pytest.approx((640 / 9 + 640 / 18) / 2, abs=0.05)
+    assert rows["b"]["minutes"] is None and rows["b"]["images_per_s"] is None
+    text = report.markdown(report.study([str(out)])[0])
+    assert "wall clock, min" in text and "images/s" in text and "| 1.6 ± 0.7 |" in text
+
+
 def test_report_reads_several_results_and_keeps_a_finished_run_over_an_unfinished_one(tmp_path):
     old, new = tmp_path / "old", tmp_path / "new"
     _run(old / "a", [{"epoch": 50, "knn_top1": 0.80}], status="finished", knn_top1=0.80)
