@@ -2,8 +2,8 @@
 # The studies of docs/results/reproduction.md in one command, on a machine with one or more GPUs and JAX with
 # CUDA (KERAS_BACKEND=jax; no TensorFlow needed): every run of each plan of PLANS, one run per GPU slot at a
 # time, each followed by its linear evaluation; then each plan's report (RES/PLAN/summary.md: per
-# configuration the seeds run and failed, kNN and linear top-1 as mean +- std) and the figures drawn from
-# these runs (RES/plots/).
+# configuration the seeds run and failed, kNN and linear top-1 as mean +- std, wall clock and images/s) and
+# the figures drawn from these runs (RES/plots/).
 #   [PLANS="recipe methods200 claims"] [RES=DIR] [RUNS_DIR=DIR] [T=seconds] [GPUS=0,1,...] [PER_GPU=1] \
 #     [LINEAR_EVAL=none] bash benchmarks/study/reproduce.sh
 #   PLANS=robustness PER_GPU=2 LINEAR_EVAL=none bash benchmarks/study/reproduce.sh    # every shipped config, 5 seeds
