@@ -81,7 +81,7 @@ class PythonJob:
         full_env.update(env or {})
         self.backend, self.timeout = backend, timeout
         self.proc = warm.popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO_ROOT, env=full_env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._out = None
 
     def result(self):

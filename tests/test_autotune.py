@@ -113,7 +113,7 @@ def test_the_shipped_table_round_trips_byte_for_byte(tmp_path):
 
 def _cli(*args):
     return warm.run([sys.executable, "-m", "uniclr_tf.training.autotune", *args], capture_output=True, text=True,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                    env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
 def test_cli_list_and_collect(tmp_path):

@@ -39,7 +39,7 @@ def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
                PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.perf_counter()
     proc = warm.run([sys.executable, "-m", "benchmarks.bench", "--quick", f"--out={out}"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+                    cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert seconds < 60, f"--quick took {seconds:.0f} s"
@@ -169,8 +169,8 @@ def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(
 
     summary_json = tmp_path / "summary.json"
     proc = warm.run([sys.executable, "-m", "benchmarks.cli_vs_bench", f"--summarise={tmp_path / 'g'}",
-                           "--model_rate=1000", "--process_seconds=100", f"--out={summary_json}", "--label=tiny"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+                     "--model_rate=1000", "--process_seconds=100", f"--out={summary_json}", "--label=tiny"],
+                    cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(summary_json.read_text())
     assert result["epochs"] == 5 and result["steps_per_epoch"] == 2 and result["batch_size"] == 64
@@ -184,7 +184,7 @@ def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(
 def test_bad_sections_flag_is_a_usage_error():
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
     proc = warm.run([sys.executable, "-m", "benchmarks.bench", "--quick", "--sections=a,x"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+                    cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "--sections" in proc.stderr and "'x'" in proc.stderr
 

@@ -114,8 +114,8 @@ COLLAPSING = ["--flagfile=configs/quickstart.flags", "--method=simclr", "--encod
 
 def _train(*flags, run_dir):
     return warm.run([sys.executable, "-m", "uniclr_tf.train", *flags, f"--run_dir={run_dir}"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+                    cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                    env={**os.environ, "KERAS_BACKEND": "tensorflow"})
 
 
 def test_a_collapse_stops_the_run_keeps_its_healthy_backup_and_is_refused_downstream(tmp_path):

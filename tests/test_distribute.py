@@ -226,7 +226,7 @@ def test_jax_two_processes_equal_one_process_with_two_devices_and_resume(tmp_pat
         env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT),
                "XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={devices}")}
         return warm.popen([sys.executable, "-m", "uniclr_tf.train", *args, *extra], cwd=REPO_ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def start_job(*extra):
         port = free_port()
@@ -307,8 +307,8 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_and_resumes(tmp
     def start_job():
         port = free_port()
         return [warm.popen([sys.executable, "-m", "uniclr_tf.train", *args, "--num_processes=2", f"--process_id={i}",
-                                  f"--coordinator_address=127.0.0.1:{port}"], cwd=REPO_ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+                            f"--coordinator_address=127.0.0.1:{port}"], cwd=REPO_ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
 
     history = tmp_path / "job" / "history.json"
     outs, agreed, step = _signal_process_1_after_epoch_1(start_job(), tmp_path / "job")
@@ -316,7 +316,7 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_and_resumes(tmp
     assert step > 30 and "process 0 saved the backup" in outs[1][0] + outs[1][1]
 
     launcher = warm.run([sys.executable, "-m", "uniclr_tf.launch", "--processes=2", f"--log_dir={tmp_path / 'logs'}",
-                               "--", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+                         "--", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert launcher.returncode == 0, launcher.stdout[-2000:] + launcher.stderr[-3000:]
     assert "launch: 2 processes" in launcher.stdout
     assert f"resuming at epoch {step // 30 + 1}, step {step}" in launcher.stdout  # process 0 writes here
@@ -423,10 +423,10 @@ def test_launch_processes_die_with_a_killed_launcher(tmp_path):
     from tests.conftest import REPO_ROOT
 
     parent = warm.popen([sys.executable, "-c", "import sys, time; from uniclr_tf.training import launch; "
-                               "p = launch.start([sys.executable, '-c', 'import time; time.sleep(120)']); "
-                               "print(p.pid, flush=True); time.sleep(120)"],
-                              cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE,
-                              text=True)
+                         "p = launch.start([sys.executable, '-c', 'import time; time.sleep(120)']); "
+                         "print(p.pid, flush=True); time.sleep(120)"],
+                        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE,
+                        text=True)
     child = int(parent.stdout.readline())
 
     def alive():
@@ -469,7 +469,7 @@ def test_tf_two_workers_equal_one_worker_with_two_devices(tmp_path):
 
     def start(env, *extra):
         return warm.popen([sys.executable, "-m", "uniclr_tf.train", *args, *extra], cwd=REPO_ROOT,
-                                env={**base_env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          env={**base_env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def job(*extra):
         cluster = {"worker": [f"localhost:{free_port()}" for _ in range(2)]}
@@ -515,8 +515,8 @@ def test_tf_workers_stop_at_one_step_when_one_worker_is_signalled_and_resume(tmp
     def start_job():
         cluster = {"worker": [f"localhost:{free_port()}" for _ in range(2)]}
         return [warm.popen([sys.executable, "-m", "uniclr_tf.train", *args], cwd=REPO_ROOT, text=True,
-                                 env={**env, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+                           env={**env, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
 
     history = tmp_path / "job" / "history.json"
     outs, agreed, step = _signal_process_1_after_epoch_1(start_job(), tmp_path / "job")

@@ -36,7 +36,7 @@ def start(backend, scripts, folder):
     env = {**os.environ, "KERAS_BACKEND": backend, "UNICLR_EXAMPLES_TINY": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return warm.popen([sys.executable, "-c", RUNNER, *(str(EXAMPLES / s) for s in scripts)], cwd=folder,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(proc, timeout=900):

@@ -298,7 +298,7 @@ def test_cli_bad_or_missing_flag_one_error_line(tmp_path, args, line):
     nothing written (``ExportConfig``)."""
     args = [a.replace("RUN", str(tmp_path / "run")).replace("OUT", str(tmp_path / "out")) for a in args]
     proc = warm.run(export_cli(*args), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+                    env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(line), proc.stderr

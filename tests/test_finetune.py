@@ -22,7 +22,7 @@ from uniclr_tf.evaluation import protocols
 def run_module(*args, backend="tensorflow", timeout=300):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO_ROOT), KERAS_BACKEND=backend)
     return warm.run([sys.executable, "-m", "uniclr_tf.finetune", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                    capture_output=True, text=True, timeout=timeout)
 
 
 def parse_cli(*args):

@@ -24,7 +24,7 @@ FULL_KEY = "linear[fashion_mnist, labels=100%]"
 def run_module(module, *args, backend="tensorflow", timeout=300):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO_ROOT), KERAS_BACKEND=backend)
     return warm.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                    capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +313,7 @@ linear_eval.entry_point()
 """
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO_ROOT), KERAS_BACKEND="jax")
     proc = warm.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+                    timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     line = last_line(proc.stderr)
     assert line.startswith("error: --augment_on=host ") and "TensorFlow is not installed" in line, line

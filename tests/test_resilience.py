@@ -239,7 +239,7 @@ def full_disk(run_dir):
             "--run_name=f"]
     cmd, env = cli(*args)
     return warm.run([sys.executable, "-c", FULL_DISK, *args], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+                    text=True, timeout=600)
 
 
 def test_a_full_disk_ends_the_run_with_one_line_and_the_backup_intact(runs):

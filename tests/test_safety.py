@@ -96,7 +96,7 @@ QUICK = [*TINY, "--method=simclr", "--knn_every=0"]
 def patched_cli(mode, *args):
     _, env = cli()
     return warm.run([sys.executable, "-c", PATCHED_CLI, mode, *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+                    capture_output=True, text=True, timeout=600)
 
 
 def end_of_run_chain(run_dir):
@@ -191,7 +191,7 @@ def test_a_run_folder_is_locked_by_one_process_and_a_killed_holder_leaves_no_stu
     from uniclr_tf.training import runs
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     holder = warm.popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path / "r")], env=env,
-                              stdout=subprocess.PIPE, text=True)
+                        stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(runs.RunFolderError, match=rf"is in use by another process \(pid {holder.pid} "):

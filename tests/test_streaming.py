@@ -348,23 +348,23 @@ def tfrecord_cli_runs(tmp_path):
     """folder_to_tfrecord's CLI on a folder, then the train CLI on its output (if it worked)."""
     root = make_class_folder(tmp_path / "pets", per_class=20, size=(16, 16))
     tool = warm.run([sys.executable, "-m", "uniclr_tf.tools.folder_to_tfrecord", f"--folder={root}",
-                           f"--out={tmp_path}/records/pets", "--shards=2"], cwd=REPO_ROOT, env=CLI_ENV,
-                          capture_output=True, text=True, timeout=300)
+                     f"--out={tmp_path}/records/pets", "--shards=2"], cwd=REPO_ROOT, env=CLI_ENV,
+                    capture_output=True, text=True, timeout=300)
     if tool.returncode != 0:
         return tool, None
     spec = tool.stdout.strip().splitlines()[-1].split("--dataset=")[1]
     return tool, warm.run([sys.executable, "-m", "uniclr_tf.train", f"--dataset={spec}", *TINY, "--knn_every=0",
-                                 "--nopictures", f"--run_dir={tmp_path}/runs", "--run_name=tfr"], cwd=REPO_ROOT,
-                                env=CLI_ENV, capture_output=True, text=True, timeout=600)
+                           "--nopictures", f"--run_dir={tmp_path}/runs", "--run_name=tfr"], cwd=REPO_ROOT,
+                          env=CLI_ENV, capture_output=True, text=True, timeout=600)
 
 
 def streamed_cli_run(tmp_path):
     train = make_class_folder(tmp_path / "train", per_class=20, size=(16, 16))
     test = make_class_folder(tmp_path / "test", per_class=4, size=(16, 16))
     return warm.run([sys.executable, "-m", "uniclr_tf.train", f"--dataset=folder:{train}",
-                           f"--eval_dataset=folder:{test}", "--max_in_memory_mb=0", *TINY, "--knn_every=1",
-                           f"--run_dir={tmp_path}/runs", "--run_name=streamed"], cwd=REPO_ROOT, env=CLI_ENV,
-                          capture_output=True, text=True, timeout=600)
+                     f"--eval_dataset=folder:{test}", "--max_in_memory_mb=0", *TINY, "--knn_every=1",
+                     f"--run_dir={tmp_path}/runs", "--run_name=streamed"], cwd=REPO_ROOT, env=CLI_ENV,
+                    capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,12 @@ from uniclr_tf.config.train_config import TrainConfig
 def run_cli(*args, timeout=600):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO_ROOT))
     return warm.run([sys.executable, "-m", "uniclr_tf.train", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                    capture_output=True, text=True, timeout=timeout)
 
 
 def run_help(module, flag):
     return warm.run([sys.executable, "-m", module, flag], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300)
+                    timeout=300)
 
 
 BAD_VALUES = [
