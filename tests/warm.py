@@ -48,8 +48,10 @@ PRELOAD = ("numpy", "tensorflow", "keras", "h5py", "absl.flags", "uniclr_tf.conf
 
 #: May differ between a child's environment and the warm interpreter's: read after start-up (and
 #: ``KERAS_BACKEND``, which chose the interpreter). ``PYTHONPATH`` may name folders it already has.
+#: ``TPU_SKIP_MDS_QUERY``: JAX sets it in a process that starts its backends (a test's, in pytest's
+#: own process), and reads it only then.
 FREE_ENV = ("KERAS_BACKEND", "XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG", "PYTHONUNBUFFERED",
-            "CUDA_VISIBLE_DEVICES")
+            "CUDA_VISIBLE_DEVICES", "TPU_SKIP_MDS_QUERY")
 
 SERVER = r"""
 import atexit, io, json, os, runpy, signal, socket, sys, threading, traceback, types
