@@ -503,7 +503,9 @@ def outcome(run):
     if status in ("collapsed", "diverged"):
         return "failed", f"{status} @{metrics.get('epoch', run.get('epochs_done'))}"
     if status.endswith((" exit 143", " exit -15")):  # SIGTERM: a time limit stopped it, it resumes
-        return "unfinished", status
+        if not (status.startswith("linear_eval") and metrics.get("status") == "finished"):
+            return "unfinished", status
+        status = "finished"  # the training ended; only its linear evaluation was stopped: kNN, no linear
     if " exit " in status:
         return "failed", status
     if status != "finished":

@@ -48,7 +48,7 @@ def _run(folder, history=(), **metrics):
 def test_report_groups_seeds_counts_failures_and_reads_linear_and_exit_codes(tmp_path):
     """Runs NAME, NAME-s1, ... are one configuration: mean and sample std over the seeds that finished;
     collapsed, diverged, a failed phase and a finish below raw pixels are failures; a SIGTERM (a time limit)
-    leaves a run unfinished, not failed."""
+    leaves a run unfinished, not failed, unless only its linear evaluation was stopped (kNN, no linear)."""
     out = tmp_path / "out"
     curve = [{"epoch": e, "knn_top1": 0.80 + e / 1000} for e in (25, 50)]
     _run(out / "a", curve, status="finished", knn_top1=0.85, raw_pixel_knn_top1=0.79, epochs=50)
@@ -58,13 +58,15 @@ def test_report_groups_seeds_counts_failures_and_reads_linear_and_exit_codes(tmp
     _run(out / "a-s3", curve, status="finished", knn_top1=0.70, raw_pixel_knn_top1=0.79, below_raw_pixel_baseline=True)
     _run(out / "a-s4", curve[:1])  # started, stopped: unfinished
     (out / "a-s4" / "exits.json").write_text(json.dumps({"train": 143}))
+    _run(out / "a-s5", curve, status="finished", knn_top1=0.86, raw_pixel_knn_top1=0.79, epochs=50)
+    (out / "a-s5" / "exits.json").write_text(json.dumps({"train": 0, "linear_eval": -15}))  # trained; linear stopped
     _run(out / "b", curve, status="finished", knn_top1=0.8)
     (out / "b" / "exits.json").write_text(json.dumps({"train": 0, "linear_eval": 1}))
     tables, runs = report.study([str(out)], at=(25,), per_run=True)
     rows = {r["configuration"]: r for r in tables[0]["rows"]}
     a = rows["a"]
-    assert (a["n"], a["failed"], a["unfinished"]) == (4, 2, 1)
-    assert a["knn"]["mean"] == pytest.approx(0.86) and a["knn"]["std"] == pytest.approx(0.01414, abs=1e-5)
+    assert (a["n"], a["failed"], a["unfinished"]) == (5, 2, 1)
+    assert a["knn"]["mean"] == pytest.approx(0.86) and a["knn"]["std"] == pytest.approx(0.01, abs=1e-6)
     assert a["knn@25"]["mean"] == pytest.approx(0.825) and a["linear"] == {"mean": 0.91, "std": None, "n": 1,
                                                                           "min": 0.91, "max": 0.91}
     assert a["why"] == "a-s2: collapsed @12; a-s3: below raw pixels (0.7000)"
@@ -72,7 +74,7 @@ def test_report_groups_seeds_counts_failures_and_reads_linear_and_exit_codes(tmp
     per_run = {r["name"]: r["status"] for r in tables[1]["rows"]}
     assert per_run["a-s4"] == "train exit 143" and per_run["a"] == "finished"
     text = report.markdown(tables)
-    assert "| a | " in text and "0.8600 ± 0.0141" in text and "a-s2: collapsed @12" in text
+    assert "| a | " in text and "0.8600 ± 0.0100" in text and "a-s2: collapsed @12" in text
 
 
 def test_report_gives_each_configuration_its_wall_clock_and_images_a_second(tmp_path):
