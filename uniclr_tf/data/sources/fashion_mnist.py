@@ -1,8 +1,9 @@
 """``fashion_mnist``: Keras' copy of Fashion-MNIST, loaded offline and held in memory.
 
-Read through ``keras.datasets`` from its cache (``~/.keras/datasets/fashion-mnist``), or straight
-from the four IDX ``*-ubyte.gz`` files of a ``data_dir``. At the native 28x28 size the known
-statistics are used and TensorFlow is not needed.
+Read from the four IDX ``*-ubyte.gz`` files of Keras' cache (``~/.keras/datasets/fashion-mnist``, where
+``keras.datasets.fashion_mnist.load_data`` keeps them) or of a ``data_dir``; with ``max_examples`` only
+the first images are decompressed. At the native 28x28 size the known statistics are used and
+TensorFlow is not needed.
 """
 
 from __future__ import annotations
@@ -46,40 +47,35 @@ def _fashion_mnist_missing_error(folder, missing):
         f"/usr/share/datasets/fashion-mnist/*.gz {folder}/' (or run 'make data')")
 
 
-def _read_idx_gz(path, offset):
+def _read_idx_gz(path, offset, count=None, record=1):
+    """The bytes after the ``offset``-byte header of a gzipped IDX file: every record, or only the
+    first ``count`` records of ``record`` bytes (only those are decompressed)."""
     with gzip.open(path, "rb") as f:
-        return np.frombuffer(f.read(), np.uint8, offset=offset)
+        return np.frombuffer(f.read() if count is None else f.read(offset + count * record), np.uint8,
+                             offset=offset)
 
 
 def _load_fashion_mnist(spec, opts):
-    """Fashion-MNIST through keras (offline from its cache), or from ``data_dir``'s gz files (``spec``:
-    ``fashion_mnist``, the loaders' signature)."""
+    """Fashion-MNIST from Keras' cache or from ``data_dir``'s gz files (``spec``: ``fashion_mnist``, the
+    loaders' signature)."""
     size, data_dir, max_examples = opts.size, opts.data_dir, opts.max_examples
     folder = os.path.expanduser(data_dir) if data_dir else _keras_cache_dir()
     missing = [f for f in _FASHION_MNIST_FILES if not os.path.isfile(os.path.join(folder, f))]
     if missing:
         raise _fashion_mnist_missing_error(folder, missing)
     try:
-        if data_dir:
-            path = lambda f: os.path.join(folder, f)  # noqa: E731
-            y_train = _read_idx_gz(path(_FASHION_MNIST_FILES[1]), 8)
-            x_train = _read_idx_gz(path(_FASHION_MNIST_FILES[0]), 16).reshape(len(y_train), 28, 28)
-            y_test = _read_idx_gz(path(_FASHION_MNIST_FILES[3]), 8)
-            x_test = _read_idx_gz(path(_FASHION_MNIST_FILES[2]), 16).reshape(len(y_test), 28, 28)
-        else:
-            import keras  # the keras loader: offline because the files are in its cache
-
-            (x_train, y_train), (x_test, y_test) = keras.datasets.fashion_mnist.load_data()
+        # The IDX files (keras.datasets.fashion_mnist.load_data reads the same ones from its cache); only
+        # the images kept are decompressed: the first max_examples of each split asked for.
+        path = lambda f: os.path.join(folder, f)  # noqa: E731
+        count = max_examples or None
+        y_train = _read_idx_gz(path(_FASHION_MNIST_FILES[1]), 8, 0 if opts.splits == "test" else count)
+        x_train = _read_idx_gz(path(_FASHION_MNIST_FILES[0]), 16, len(y_train), 784)
+        y_test = _read_idx_gz(path(_FASHION_MNIST_FILES[3]), 8, 0 if opts.splits == "train" else count)
+        x_test = _read_idx_gz(path(_FASHION_MNIST_FILES[2]), 16, len(y_test), 784)
+        x_train, x_test = x_train.reshape(len(y_train), 28, 28), x_test.reshape(len(y_test), 28, 28)
     except (OSError, EOFError, ValueError) as e:
         raise DataError(f"fashion_mnist: cannot read the files in {folder} ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''}); delete them and copy them again") from e
-    if max_examples:
-        x_train, y_train = x_train[:max_examples], y_train[:max_examples]
-        x_test, y_test = x_test[:max_examples], y_test[:max_examples]
-    if opts.splits == "train":
-        x_test, y_test = x_test[:0], y_test[:0]
-    elif opts.splits == "test":
-        x_train, y_train = x_train[:0], y_train[:0]
     x_train = resize_array(x_train[..., None], size)
     x_test = resize_array(x_test[..., None], size)
     if opts.channels == 3:  # the test split of RGB training data
