@@ -337,6 +337,40 @@ def test_a_failed_background_history_write_is_raised_at_the_next_epoch_end(tmp_p
     history.wait()
 
 
+def test_curves_are_drawn_at_the_end_and_in_the_background_every_plot_every_s(tmp_path, monkeypatch):
+    """A run shorter than ``plot_every_s`` draws its curves once, at the end, in the training thread; with
+    ``plot_every_s`` elapsed they are also drawn in the background at an epoch end, skipped while the
+    previous drawing is still going on."""
+    import threading
+
+    from uniclr_tf.training import callbacks
+
+    drawn, release = [], threading.Event()
+
+    def record(epochs, path, title, reference):
+        background = threading.current_thread() is not threading.main_thread()
+        drawn.append((len(epochs), "background" if background else "end"))
+        if background:
+            assert release.wait(timeout=30)
+
+    monkeypatch.setattr(callbacks, "plot_curves", record)
+    short = callbacks.HistoryRecorder(str(tmp_path), plot_every_s=60.0)
+    for epoch in range(3):
+        short.on_epoch_end(epoch, {"loss": 1.0})
+    short.on_train_end()
+    assert drawn == [(3, "end")]
+    drawn.clear()
+    long = callbacks.HistoryRecorder(str(tmp_path), plot_every_s=0.0)
+    long.on_epoch_end(0, {"loss": 1.0})  # drawing, held until released
+    long.on_epoch_end(1, {"loss": 0.9})  # skipped: the first drawing is still going on
+    assert long.drawing
+    release.set()
+    long.wait()
+    long.on_epoch_end(2, {"loss": 0.8})
+    long.on_train_end()
+    assert drawn == [(1, "background"), (3, "background"), (3, "end")]
+
+
 def test_a_jax_snapshot_fetched_in_pieces_is_every_value_exactly():
     """JAX: the backup's device copy cut into pieces (as on a GPU, where one 130 MB transfer stalled
     the next epoch), fetched piece by piece with pauses, gives back every variable bit for bit: values

@@ -526,7 +526,8 @@ class BackupAndResume(keras.callbacks.Callback):
 
 class HistoryRecorder(keras.callbacks.Callback):
     """Keeps every epoch's logs (and its wall-clock seconds); writes ``history.json`` and ``log.csv``
-    every epoch and ``curves.png`` at most every ``plot_every_s`` seconds and at the end.
+    every epoch and ``curves.png`` at the end and, during training, every ``plot_every_s`` seconds (the
+    first ``plot_every_s`` after it is created: a run shorter than that draws its curves once).
     Non-finite values are written as null (strict JSON) and as empty CSV cells.
 
     The files are written by a background thread, one epoch after the other: two atomic writes with
@@ -547,7 +548,7 @@ class HistoryRecorder(keras.callbacks.Callback):
         self.plot_every_s = plot_every_s
         self.reference = dict(reference or {})
         self.epochs = list(epochs)
-        self._last_plot = -math.inf
+        self._last_plot = time.monotonic()
         self._plotter = None  # the background thread drawing the curves, if any
         self._files_pool = None  # one worker: history.json and log.csv, epoch after epoch
         self._files = None  # the Future of the last history.json + log.csv write submitted
