@@ -6,9 +6,9 @@ r"""Pretrain an encoder with UniCLR or any registered method.
 A run folder ``<run_dir>/<run_name>`` (default ``<method>-<dataset>``) receives the resolved
 flagfile (``flags.txt``, replayable with ``--flagfile``), ``config.json``, ``dataset.json``,
 TensorBoard logs (``tb/``), a backup (``backup/``: every epoch, every ``--backup_every_minutes``, on
-SIGTERM / SIGINT), ``history.json`` + ``log.csv`` + ``curves.png`` every epoch, the backbone as
-``encoder.keras``, the whole model's weights, and ``metrics.json`` with the final kNN top-1 next to
-the raw-pixel kNN baseline (or, for a run that stopped, why and where).
+SIGTERM / SIGINT), ``history.json`` + ``log.csv`` every epoch, ``curves.png`` every minute and at the
+end, the backbone as ``encoder.keras``, the whole model's weights, and ``metrics.json`` with the final
+kNN top-1 next to the raw-pixel kNN baseline (or, for a run that stopped, why and where).
 
 Rerunning the same command resumes the run from its backup; a finished run says so and exits 0; a
 folder holding a run with other flags is refused (``--overwrite`` starts over). A run whose
