@@ -18,9 +18,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # XLA's CPU backend spends most of the compile of these small train steps in LLVM's optimisation
 # passes, which make the machine code faster, not different (no fast-math on CPU), and in its
 # MLIR fusion emitters, where the older emitters build the same fusions' code in a third of the time
-# (a tiny train step: 2.0 s -> 0.65 s on JAX, 3.4 s -> 2.1 s on TF with XLA). Both off for the
-# tests, this process and every child (the JAX 2-process test: 78 s -> 45 s on the 2-core machine
-# for the first alone).
+# (a tiny train step: 2.0 s -> 0.65 s on JAX, 3.4 s -> 2.1 s on TF with XLA; LLVM's passes off alone
+# took the JAX 2-process test from 78 s to 45 s on the 2-core machine). Both off for the tests, this
+# process and every child.
 XLA_TEST_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 if XLA_TEST_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAGS}".strip()
