@@ -13,6 +13,7 @@ from keras import layers, ops
 
 from uniclr_tf.config.errors import UsageError
 from uniclr_tf.nets.norm import BatchNorm, GroupBatchNormalization, as_norm  # noqa: F401
+from uniclr_tf.nets.pooling import max_pooling_2d, with_gather_max_pool
 
 ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small", "hub_resnet18", "hub_resnet50")
 STEMS = ("auto", "cifar", "imagenet")
@@ -58,7 +59,7 @@ def resnet18_cifar(input_shape=(32, 32, 3), width=64, norm=None, name="resnet18"
     x = norm(name="stem_bn")(x)
     x = layers.ReLU(name="stem_relu")(x)
     if stem == "imagenet":
-        x = layers.MaxPooling2D(3, strides=2, padding="same", name="stem_pool")(x)
+        x = max_pooling_2d(3, strides=2, padding="same", name="stem_pool")(x)
     for stage, mult in enumerate((1, 2, 4, 8)):
         for block in range(2):
             stride = 2 if (stage > 0 and block == 0) else 1
@@ -94,24 +95,27 @@ def resnet50(input_shape=(224, 224, 3), norm=None, name="resnet50"):
     """ResNet-50 from ``keras.applications`` (random init, ``weights=None``), pooled 2048-d features."""
     base = keras.applications.ResNet50(weights=None, include_top=False, pooling="avg",
                                        input_shape=(None, None, input_shape[-1]))
-    return with_our_batch_norm(keras.Model(base.inputs, base.outputs, name=name), norm)
+    return with_our_layers(keras.Model(base.inputs, base.outputs, name=name), norm)
 
 
-def with_our_batch_norm(model, norm=None):
+def with_our_layers(model, norm=None):
     """``model`` (functional) with each ``BatchNormalization`` rebuilt by the factory ``norm``
     (:class:`~uniclr_tf.nets.norm.BatchNorm`), its own momentum and epsilon kept, so a backbone built by
-    another library follows ``--batch_norm`` as ours do. Returns ``model`` itself when nothing changes."""
+    another library follows ``--batch_norm`` as ours do; and on JAX each Keras ``MaxPooling2D`` as
+    :class:`~uniclr_tf.nets.pooling.MaxPooling2D` (the same pooling, a cheaper gradient). Returns ``model``
+    itself when nothing changes."""
     norm = as_norm(norm)
-    if norm.plain:
+    pools = keras.backend.backend() == "jax" and any(type(layer) is layers.MaxPooling2D for layer in model.layers)
+    if norm.plain and not pools:
         return model
 
     def clone_fn(layer):
         cfg = layer.get_config()
-        if isinstance(layer, layers.BatchNormalization):
+        if isinstance(layer, layers.BatchNormalization) and not norm.plain:
             for key in ("synchronized", *GroupBatchNormalization.TRAINING_OPTIONS):
                 cfg.pop(key, None)
             return norm(**cfg)
-        return layer.__class__.from_config(cfg)
+        return (pools and with_gather_max_pool(layer)) or layer.__class__.from_config(cfg)
 
     return keras.models.clone_model(model, clone_function=clone_fn)
 
@@ -120,7 +124,7 @@ def hub_resnet(name, input_shape, norm=None):
     """A Keras Hub ``ResNetBackbone`` (``HUB_RESNETS[name]``: ResNet-18 or -50 v1 with the ImageNet stem,
     7×7 conv stride 2 and max-pool, for images of 64 px and more), randomly initialised (no preset, no
     download), global-average pooled: 512 / 2048-d features. Its layers are Keras core layers, so the
-    saved encoder loads without Keras Hub; batch norm follows ``--batch_norm`` (:func:`with_our_batch_norm`)."""
+    saved encoder loads without Keras Hub; batch norm follows ``--batch_norm`` (:func:`with_our_layers`)."""
     keras_hub = _keras_hub(name)
     blocks, block_type = HUB_RESNETS[name]
     backbone = keras_hub.models.ResNetBackbone(
@@ -128,7 +132,7 @@ def hub_resnet(name, input_shape, norm=None):
         stackwise_num_blocks=list(blocks), stackwise_num_strides=[1, 2, 2, 2], block_type=block_type,
         use_pre_activation=False, image_shape=(None, None, input_shape[-1]))
     features = layers.GlobalAveragePooling2D(name="pool")(backbone.output)
-    return with_our_batch_norm(keras.Model(backbone.inputs, features, name=name), norm)
+    return with_our_layers(keras.Model(backbone.inputs, features, name=name), norm)
 
 
 def resnet18_stem(stem, image_size):

@@ -144,17 +144,23 @@ def _needs_plain_bn(layer):
         type(layer) is not keras.layers.BatchNormalization or getattr(layer, "synchronized", False))
 
 
+def _needs_plain_pool(layer):
+    from uniclr_tf.nets.pooling import MaxPooling2D
+    return isinstance(layer, MaxPooling2D)
+
+
 def portable_backbone(encoder):
     """``(backbone, replaced)``: ``encoder`` with its batch-norm layers of a subclass (e.g.
     :class:`uniclr_tf.nets.encoders.GroupBatchNormalization`) or with ``synchronized=True`` (TF only) rebuilt
-    as plain ``keras.layers.BatchNormalization`` with the same weights, so the saved file loads with
-    plain Keras on any backend; inference is unchanged (both are plain batch norm with the moving
-    statistics at ``training=False``). ``encoder`` itself when there is none (``replaced`` = 0)."""
+    as plain ``keras.layers.BatchNormalization`` with the same weights, and its
+    :class:`uniclr_tf.nets.pooling.MaxPooling2D` as Keras' own, so the saved file loads with plain Keras on
+    any backend; inference is unchanged (both batch norms are plain batch norm with the moving statistics at
+    ``training=False``; both poolings the same max). ``encoder`` itself when there is none (``replaced`` = 0)."""
     import keras
 
     from uniclr_tf.nets.norm import GroupBatchNormalization
 
-    replaced = sum(_needs_plain_bn(layer) for layer in _layers(encoder))
+    replaced = sum(_needs_plain_bn(layer) or _needs_plain_pool(layer) for layer in _layers(encoder))
     if not replaced:
         return encoder, 0
 
@@ -165,6 +171,8 @@ def portable_backbone(encoder):
                 config.pop(key, None)
             config["synchronized"] = False
             return keras.layers.BatchNormalization.from_config(config)
+        if _needs_plain_pool(layer):
+            return keras.layers.MaxPooling2D.from_config(config)
         return layer.__class__.from_config(config)
 
     backbone = keras.models.clone_model(encoder, clone_function=plain, recursive=True)
@@ -381,7 +389,7 @@ def sha256sums(root):
 def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print, force=False):
     """Writes the release of the finished run ``run_dir`` to ``out_dir`` (see the module docstring);
     returns ``{"out", "files": {relative path: size in bytes}, "knn_top1", "saved_model",
-    "plain_bn_layers"}`` (``saved_model``: None when written, else why not). Raises ``RunFolderError``
+    "plain_layers"}`` (``saved_model``: None when written, else why not). Raises ``RunFolderError``
     / ``ValueError`` (refusals, before anything is written) or ``RuntimeError`` (a self-check failed:
     nothing is put in place)."""
     folder, metrics = check_run(run_dir, saved_model, force=force)
@@ -454,7 +462,7 @@ def release_run(run_dir, out_dir, overwrite=False, saved_model=True, log=print, 
                                    recognise=is_release)
         export.replace_dir(staging, dest)
     return {"out": out_dir, "files": files, "knn_top1": metrics.get("knn_top1"), "saved_model": why_not,
-            "plain_bn_layers": replaced}
+            "plain_layers": replaced}
 
 
 # --------------------------------------------------------------------------------------------
