@@ -110,6 +110,8 @@ def define_flags():
                         "the backend's profiler into this folder (process i of a job: its process-i subfolder), "
                         "as the train CLI's --profile_steps does: python -m benchmarks.report trace FOLDER summarises it.")
     flags.DEFINE_integer("profile_steps", 5, "Steps traced with --profile_dir.")
+    flags.DEFINE_string("hlo_out", "", "JAX: write section a's compiled step as XLA's optimised HLO text to this file "
+                        "(its fusions' operand and result shapes: `python -m benchmarks.report roofline TRACE HLO`).")
     flags.DEFINE_string("coordinator_address", "", "With --num_processes > 1: process 0's HOST:PORT.")
     flags.DEFINE_enum("batch_norm", "global_one_pass", ["global", "global_one_pass", "per_device"],
                       "The model's batch norm, as train's --batch_norm (its default too): the global batch's "
@@ -341,6 +343,9 @@ class JaxStepper:
         compiled = lowered.compile()
         seconds = time.perf_counter() - t
         self.compiled[self._key(data)] = compiled
+        if FLAGS.hlo_out and name == "views" and (FLAGS.num_processes == 1 or FLAGS.process_id == 0):
+            with open(FLAGS.hlo_out, "w") as f:
+                f.write(compiled.as_text())
         try:
             m = compiled.memory_analysis()
             self.memory[name] = {k: int(getattr(m, k)) for k in (

@@ -4,6 +4,7 @@ r"""The one report over benchmark results: Markdown tables on stdout, the same t
     python -m benchmarks.report scaling RESULT.json|RUNS_DIR ...      step time and weak scaling, collectives, memory
     python -m benchmarks.report study RESULTS ... [--at=50,100] [--runs] [--plots=DIR]
     python -m benchmarks.report trace TRACE [--compare=OTHER]         a traced step, device by device
+    python -m benchmarks.report roofline TRACE HLO [--bench=JSON]     a traced step against its memory floor
 
 Standard library only (``--plots`` needs matplotlib). Every kind prints one or more tables; a cell with
 several measurements is ``mean ± sample std`` and the table says ``n``. The JSON (``--out``) is
@@ -31,7 +32,11 @@ docs/results/reproduction.md (``FIGURES``) whose runs are among the inputs.
 **trace**: the Perfetto trace that ``--profile_steps`` writes (``RUN/profile``): each device's kernels cut
 into steps where it idled more than ``--gap_ms``; per step the span, compute and NCCL kernel time, idle
 time, collectives; the host's enqueue time per step; kernel time by kind, and with ``--compare`` the
-difference to another trace by kind and by kernel.
+difference to another trace by kind and by kernel. A PyTorch profiler trace (``.json``) is read too.
+
+**roofline**: a trace and the optimised HLO of the same step (``bench --profile_dir --hlo_out``): kernel time
+by kind, the bytes each fusion reads and writes by the HLO's shapes, the achieved GB/s, and the step's floor
+with its memory-bound kernels at the card's peak bandwidth; ``--bench`` adds the convolutions' TFLOP/s.
 """
 
 import argparse
@@ -333,6 +338,9 @@ def _bench_variant(jobs, r):
     job = jobs.setdefault((card, date), {"card": card, "date": date, "job": f"{card}, {date}", "variants": {}})
     variant = job["variants"].setdefault(name, {**spec, "repeat_medians_ms": []})
     variant["repeat_medians_ms"].append(ms)
+    mfu = (r.get("a_model_only") or r).get("mfu")
+    if mfu is not None:  # model FLOPs utilisation, each side by its own FLOP count
+        variant.setdefault("mfu", []).append(mfu)
 
 
 def scaling(paths):
@@ -365,7 +373,7 @@ def scaling(paths):
                              "batch_per_gpu": per_gpu, "ms": ms,
                              "images_per_s": gpus * per_gpu * 1000 / ms["mean"] if ms else None,
                              "n": ms["n"] if ms else 0, "failed": v.get("failed", 0),
-                             "epoch_end": stats(v.get("epoch_end_share_of_wall", [])),
+                             "epoch_end": stats(v.get("epoch_end_share_of_wall", [])), "mfu": stats(v.get("mfu", [])),
                              "_peer": v.get("peer", False), "_run": v.get("run"), "_bn": v.get("batch_norm")})
         timed = [o for o in job_rows if o["images_per_s"] and not o["_peer"]]
         for row in job_rows:
@@ -389,6 +397,7 @@ def scaling(paths):
             ("ms", "ms / step", ".2f"), ("images_per_s", "images/s", ",.0f"), ("weak", "weak eff.", ".3f"),
             *([("strong", "strong eff.", ".3f")] if any(r["strong"] for r in rows) else []),
             *([("vs_peer", "vs PyTorch", ".2f")] if any(r["vs_peer"] for r in rows) else []),
+            *([("mfu", "MFU", "%")] if any(r["mfu"] for r in rows) else []),
             *([("epoch_end", "epoch end, share of wall", "%")] if any(r["epoch_end"] for r in rows) else []),
             ("n", "n", ""), ("failed", "failed", "")], rows))
     crow = []
@@ -654,14 +663,27 @@ def plots(runs, folder):
 
 
 def load_trace(path):
+    """The events of a trace: a folder (its newest ``perfetto_trace.json.gz``, as JAX's profiler writes),
+    a ``.json.gz`` or a ``.json`` file. A PyTorch profiler trace (``export_chrome_trace``: kernels are
+    events of category ``kernel``) becomes one device, ``/device:GPU:0``, holding its kernels."""
     if os.path.isdir(path):
         found = sorted(glob.glob(os.path.join(path, "**", "perfetto_trace.json.gz"), recursive=True))
         if not found:
             raise SystemExit(f"{path}: no perfetto_trace.json.gz below it (was the run traced with --profile_steps?)")
         path = found[-1]
-    with gzip.open(path) as f:
-        data = json.load(f)
-    return data["traceEvents"] if isinstance(data, dict) else data
+    try:
+        with (gzip.open(path) if path.endswith(".gz") else open(path, "rb")) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{path}: not a readable trace ({type(e).__name__}: {e})") from None
+    if isinstance(data, dict) and "traceEvents" not in data:
+        raise SystemExit(f"{path}: not a trace (no traceEvents)")
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    kernels = [e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    if kernels:  # PyTorch's profiler
+        return [{"ph": "M", "name": "process_name", "pid": "torch-gpu", "args": {"name": "/device:GPU:0"}}] + [
+            {**e, "pid": "torch-gpu"} for e in kernels]
+    return events
 
 
 def busy(events):
@@ -691,18 +713,30 @@ def _device_steps(kernels, gap_us):
     return steps
 
 
-KINDS = (  # a kernel's kind, by the first pattern its lower-cased name matches
-    ("nccl", ("nccl",)),
-    ("conv/matmul", ("xmma", "cutlass", "cudnn", "conv", "gemm", "nvjet", "wgrad", "dgrad", "fprop", "implicit")),
-    ("transpose/copy", ("transpose", "copy", "memcpy", "memset")),
-    ("reduce fusion", ("reduce",)),
-    ("other fusion", ("fusion",)),
-)
+CONV_KEYS = ("xmma", "cutlass", "cudnn", "gemm", "nvjet", "wgrad", "dgrad", "fprop", "implicit", "conv", "triton_tem")
+COPY_KEYS = ("transpose", "copy", "memcpy", "memset")
+XLA_FUSION_PREFIXES = ("loop_", "input_", "wrapped_")  # XLA's kernels of a fusion (wrapped_: of one op)
 
 
 def kernel_kind(name):
+    """A kernel's kind: nccl, conv/matmul (cuDNN, cuBLAS, CUTLASS, XLA's and Inductor's GEMM kernels),
+    transpose/copy, reduce fusion (XLA's reductions, Inductor's ``triton_red``/``triton_per``), other fusion
+    (XLA's loop fusions, Inductor's ``triton_poi``) or other. A fusion named after a ``convert`` is a fusion."""
     low = name.lower()
-    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
+    if "nccl" in low:
+        return "nccl"
+    if low.startswith(("triton_red", "triton_per")):
+        return "reduce fusion"
+    if low.startswith("triton_poi"):
+        return "other fusion"
+    fusion = ("fusion" in low or low.startswith(XLA_FUSION_PREFIXES)) and not any(k in low for k in ("gemm", "dot"))
+    if not fusion and any(k in low.replace("convert", "") for k in CONV_KEYS):
+        return "conv/matmul"
+    if any(k in low for k in COPY_KEYS):
+        return "transpose/copy"
+    if "reduce" in low:
+        return "reduce fusion"
+    return "other fusion" if fusion else "other"
 
 
 def _per_step_times(clusters, steps, top=25):
@@ -796,12 +830,144 @@ def trace(path, compare=None, gap_ms=2.5, min_kernels=100):
 
 
 # ------------------------------------------------------------------------------------------------
+# roofline: a traced step's kernels against the bytes XLA's HLO says they move
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
+               "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
+PEAK_HBM_GBPS = {"H200": 4800.0, "H100": 3350.0}  # NVIDIA's data sheets (SXM)
+_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*?)\)(.*)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+
+
+def type_bytes(text):
+    """Bytes of an HLO type (``bf16[256,56,56,64]{3,2,1,0}`` or a tuple of them)."""
+    total = 0
+    for dtype, dims in _SHAPE.findall(text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += DTYPE_BYTES.get(dtype, 0) * n
+    return total
+
+
+def kernel_key(name):
+    return re.sub(r"[.\-]", "_", name.split("(")[0].strip())
+
+
+def hlo_fusion_bytes(text):
+    """``{kernel name: bytes read and written}`` of the fusions of an optimised HLO module (``compiled.as_text()``,
+    ``bench --hlo_out``): each fusion's operands plus its results, outside the computations fusions call. A
+    fusion that reads a slice of an operand is counted with all of it (an upper bound)."""
+    called = set(re.findall(r"calls=%?([\w.\-]+)", text))
+    sizes, out, current = {}, {}, None
+    for line in text.splitlines():
+        m = _COMPUTATION.match(line) if line[:1] not in ("", " ", "\t") else None
+        if m:
+            current = m.group(1)
+            for name, typ in re.findall(r"([\w.\-]+):\s*([^,()]+(?:\([^)]*\))?)", line.split("->")[0]):
+                sizes[name] = type_bytes(typ)
+            continue
+        m = _INSTRUCTION.match(line)
+        if not m or current in called:
+            continue
+        name, typ, op, operands = m.group(1), m.group(2), m.group(3), m.group(4)
+        sizes[name] = type_bytes(typ)
+        if op == "fusion":
+            out[kernel_key(name)] = sizes[name] + sum(sizes.get(o, 0) for o in re.findall(r"%([\w.\-]+)", operands))
+    return out
+
+
+def roofline(trace_path, hlo_path, bench_path=None, peak_gbps=0.0, gap_ms=2.5, min_kernels=100):
+    """Kernel time a step by kind against the bytes the fusions move (from the HLO) and the FLOPs of the
+    convolutions and matmuls (``flops_per_image`` × batch of the bench's JSON): achieved GB/s and TFLOP/s,
+    and the time the memory-bound kernels would take at the card's peak HBM bandwidth."""
+    events = load_trace(trace_path)
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    pid = next((p for p, n in sorted(names.items(), key=lambda kv: str(kv[1])) if "GPU" in n), None)
+    if pid is None:
+        raise SystemExit(f"{trace_path}: no GPU device in the trace")
+    steps = [s for s in _device_steps([e for e in events if e.get("ph") == "X" and e["pid"] == pid], gap_ms * 1e3)
+             if len(s) >= min_kernels]
+    if not steps:
+        raise SystemExit(f"{trace_path}: no step of {min_kernels} kernels or more")
+    try:
+        with open(hlo_path) as f:
+            fusion_bytes = hlo_fusion_bytes(f.read())
+    except OSError as e:
+        raise SystemExit(f"{hlo_path}: cannot read the HLO ({e.strerror})") from None
+    if not fusion_bytes:
+        raise SystemExit(f"{hlo_path}: no fusion in it (is it `bench --hlo_out`'s optimised HLO?)")
+    bench = _load(bench_path) if bench_path else {}
+    a = bench.get("a_model_only", {}) if isinstance(bench, dict) else {}
+    device = str(bench.get("environment", {}).get("device", "")) if isinstance(bench, dict) else ""
+    peak = peak_gbps or next((v for k, v in PEAK_HBM_GBPS.items() if k in device), 0.0)
+    step_flops = a.get("flops_per_image", 0) * bench.get("config", {}).get("batch_size", 0) if a else 0
+    host = [e for e in events if e.get("ph") == "X" and names.get(e["pid"], "").startswith("/host")
+            and e["name"].endswith("GpuExecutable::ExecuteThunks")]
+    n = len(host) or len(steps)  # back-to-back steps make one cluster: count them by the host's launches
+    kinds = collections.defaultdict(lambda: {"kernels": 0, "ms": 0.0, "bytes": 0, "matched_ms": 0.0})
+    per_kernel = collections.defaultdict(lambda: {"ms": 0.0, "bytes": 0, "calls": 0})
+    for kernels in steps:
+        for e in kernels:
+            kind, key = kernel_kind(e["name"]), kernel_key(e["name"])
+            k = kinds[kind]
+            k["kernels"] += 1 / n
+            k["ms"] += e.get("dur", 0) / 1e3 / n
+            if key in fusion_bytes:
+                k["bytes"] += fusion_bytes[key] / n
+                k["matched_ms"] += e.get("dur", 0) / 1e3 / n
+                pk = per_kernel[key]
+                pk["ms"] += e.get("dur", 0) / 1e3 / n
+                pk["bytes"] += fusion_bytes[key] / n
+                pk["calls"] += 1 / n
+    total = sum(k["ms"] for k in kinds.values())
+    rows = []
+    for kind, k in sorted(kinds.items(), key=lambda kv: -kv[1]["ms"]):
+        row = {"kind": kind, "kernels": k["kernels"], "ms": k["ms"], "share": k["ms"] / total if total else None}
+        if k["bytes"]:
+            row.update(gb=k["bytes"] / 1e9, gbps=k["bytes"] / 1e6 / k["matched_ms"] if k["matched_ms"] else None,
+                       floor_ms=k["bytes"] / 1e6 / peak if peak else None, matched=k["matched_ms"] / k["ms"])
+        if kind == "conv/matmul" and step_flops:
+            row["tflops"] = step_flops / 1e9 / k["ms"]
+        rows.append(row)
+    memory = [r for r in rows if r["kind"] not in ("conv/matmul", "nccl") and r.get("gb")]
+    mem_ms = sum(r["ms"] for r in memory)
+    mem_floor = sum(r["floor_ms"] or 0 for r in memory) if peak else None
+    conv_ms = kinds["conv/matmul"]["ms"] if "conv/matmul" in kinds else 0.0
+    rest = round(total - mem_ms - conv_ms, 9)  # kernels of no fusion in the HLO and no convolution
+    summary = {"steps": n, "kernel_ms": total, "conv_ms": conv_ms, "memory_bound_ms": mem_ms, "rest_ms": rest,
+               "memory_bound_gb": sum(r["gb"] for r in memory), "peak_gbps": peak or None,
+               "memory_floor_ms": mem_floor, "step_flops": step_flops or None,
+               "conv_tflops": step_flops / 1e9 / conv_ms if step_flops and conv_ms else None,
+               "floor_ms": conv_ms + rest + mem_floor if mem_floor is not None else None,
+               "bench_ms_per_step": a.get("ms_per_step")}
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1]["ms"])[:15]
+    tables = [
+        table(f"Kernel time a step by kind ({n} traced steps; GB: the fusions' operands and results in the HLO; "
+              f"floor: those bytes at {peak:.0f} GB/s)" if peak else f"Kernel time a step by kind ({n} traced steps)", [
+            ("kind", "kind", ""), ("kernels", "kernels", ".0f"), ("ms", "ms", ".2f"), ("share", "share", "%"),
+            ("gb", "GB", ".2f"), ("gbps", "GB/s", ".0f"), ("floor_ms", "ms at peak bandwidth", ".2f"),
+            ("matched", "time matched to the HLO", "%"), ("tflops", "TFLOP/s", ".0f")], rows),
+        table("The step against its floor (convolutions as measured, the memory-bound kernels at peak bandwidth)", [
+            ("what", "", ""), ("value", "", "")],
+            [{"what": k.replace("_", " "), "value": v} for k, v in summary.items() if v is not None]),
+        table("Memory-bound kernels taking the most time a step", [
+            ("kernel", "kernel", ""), ("calls", "calls", ".0f"), ("ms", "ms", ".3f"), ("mb", "MB", ".1f"),
+            ("gbps", "GB/s", ".0f")],
+            [{"kernel": k[:80], "calls": v["calls"], "ms": v["ms"], "mb": v["bytes"] / 1e6,
+              "gbps": v["bytes"] / 1e6 / v["ms"] if v["ms"] else None} for k, v in top]),
+    ]
+    return tables, summary
+
+
+# ------------------------------------------------------------------------------------------------
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", choices=("speed", "scaling", "study", "trace"))
+    parser.add_argument("kind", choices=("speed", "scaling", "study", "trace", "roofline"))
     parser.add_argument("results", nargs="+")
     parser.add_argument("--out", default="", help="also write the tables as JSON here")
     parser.add_argument("--at", default="", help="study: kNN at these epochs too (comma-separated)")
@@ -810,6 +976,8 @@ def main(argv=None):
     parser.add_argument("--compare", default=None, help="trace: another trace, kernel time against this one")
     parser.add_argument("--gap_ms", type=float, default=2.5, help="trace: device idle time between two steps")
     parser.add_argument("--min_kernels", type=int, default=100, help="trace: fewer kernels than this is not a step")
+    parser.add_argument("--bench", default=None, help="roofline: the bench's JSON of the traced step (FLOPs, card)")
+    parser.add_argument("--peak_gbps", type=float, default=0.0, help="roofline: the card's HBM GB/s (0: from --bench's card)")
     args = parser.parse_args(argv)
     extra = {}
     if args.kind == "speed":
@@ -820,6 +988,10 @@ def main(argv=None):
         tables, runs = study(args.results, [int(e) for e in args.at.split(",") if e], args.runs)
         if args.plots:
             extra["plots"] = plots(runs, args.plots)
+    elif args.kind == "roofline":
+        if len(args.results) != 2:
+            parser.error("roofline: a trace and the HLO of its step (bench --hlo_out)")
+        tables, extra["summary"] = roofline(*args.results, args.bench, args.peak_gbps, args.gap_ms, args.min_kernels)
     else:
         if len(args.results) != 1:
             parser.error("trace: one trace (and --compare=OTHER)")

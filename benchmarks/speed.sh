@@ -12,17 +12,21 @@
 #   jax28    the same at 28x28x1 (Fashion-MNIST as is), sections a, c, b
 #   torch32, torch28   benchmarks/torch_peer.py at those shapes (DataLoader with 16 workers)
 #   wd2048   section a with a 2048-2048-2048 projector: full whitening, stop_gradient_cov, 8 feature groups
+#   trace28  section a with the CLI's SGD recipe (SimAffinity) at 28x28x1, 5 steps traced, against its memory
+#            floor (report roofline: OUT_DIR/traces)
 #   cli      benchmarks.cli_vs_bench: the bench's model step, then the train CLI for 100 epochs (FLAGFILE,
 #            default the paper's LARS recipe, kNN every 10) with an empty compilation cache, then again warm
 #   r50      ResNet-50 at 224 px, the bench's model step against torchvision's (benchmarks/torch_r50_peer.py),
 #            REPEATS (3) times each for each of BATCHES ("128"); DP=N adds the step over N GPUs of one process,
 #            PROCS=N as N processes x 1 GPU (one JAX job: a machine with N GPUs); BN1=global_one_pass the
 #            one-GPU step with that batch norm, PROCS_BN=... the N-process one; TORCH=0 no PyTorch, EAGER=0 no
-#            eager PyTorch; TRACE=1 traces 5 steps of the one-GPU and the N-process step (OUT_DIR/r50/traces)
+#            eager PyTorch; TRACE=1 traces 5 steps of the first one-GPU step and torch.compile's, and prints the
+#            step against its memory floor (report roofline) and its kernels against torch.compile's (OUT_DIR/r50/traces)
 # On a machine with 4 GPUs (fewer: the same runs one after the other on GPU 0):
 #   first_run  every run with an empty compilation cache, one per GPU at once: the GPU-augmented PyTorch peer
 #            (benchmarks/torch_gpu_peer.py, 100 epochs, kNN every 25); the train CLI with the peer's SGD recipe
 #            with and without the shipped XLA autotuning table; the LARS recipe (kNN every 10) with and without it
+#            (fewer GPUs: the SGD run with the table, the peer, and unless LARS=0 the LARS run with the table)
 #   autotune_table  each shipped GPU configuration one epoch with an empty cache and no table, one per GPU at a
 #            time, then `python -m uniclr_tf.training.autotune collect`: the table for this machine's card
 #            (uniclr_tf/training/autotune_tables/jaxlib-<version>.json, copied to OUT_DIR)
@@ -87,21 +91,26 @@ r50() {
   }
   for b in ${BATCHES:-128}; do
     for ((r = 1; r <= ${REPEATS:-3}; r++)); do
-      step "g1-b$b-r$r" 1 "$b"
+      local traced=() profiled=()  # TRACE=1: the first repeat traces 5 more steps after its timed ones
+      if [ "${TRACE:-0}" = 1 ] && [ "$r" = 1 ]; then
+        mkdir -p "$out/traces"
+        traced=(--profile_dir="$out/traces/g1-b$b" --hlo_out="$out/traces/g1-b$b.hlo")
+        profiled=(--profile "$out/traces/compile-b$b.json")
+      fi
+      step "g1-b$b-r$r" 1 "$b" 1 "${traced[@]}"
       [ -n "${BN1:-}" ] && step "g1-$BN1-b$b-r$r" 1 "$b" 1 --batch_norm="$BN1"
       [ "${DP:-1}" -gt 1 ] && step "dp$DP-b$b-r$r" "$DP" $((DP * b))
       [ "${PROCS:-1}" -gt 1 ] && step "p$PROCS-b$b-r$r" "$PROCS" $((PROCS * b)) "$PROCS"
       [ "${PROCS:-1}" -gt 1 ] && [ -n "${PROCS_BN:-}" ] && step "p$PROCS-$PROCS_BN-b$b-r$r" "$PROCS" $((PROCS * b)) "$PROCS" --batch_norm="$PROCS_BN"
       [ "${TORCH:-1}" = 1 ] || continue
       [ "${EAGER:-1}" = 1 ] && peer "eager-b$b-r$r" "$b"
-      peer "compile-b$b-r$r" "$b" --compile
+      peer "compile-b$b-r$r" "$b" --compile "${profiled[@]}"
     done
-    if [ "${TRACE:-0}" = 1 ]; then  # 5 traced steps each, summarised by the report (the JSON outside out/)
-      mkdir -p "$out/traces"
-      "$PY" -m benchmarks.bench --sections=a --encoder=resnet50 --image_shape=224,224,3 --data=synthetic --num_images=$((4 * b)) \
-        --objective=simaffinity --optimizer=sgd --batch_size="$b" --steps=20 --reps=1 --profile_dir="$out/traces/g1-b$b" \
-        --out="$out/traces/g1-b$b.json" >> "$LOG" 2>&1
-      "$PY" -m benchmarks.report trace "$out/traces/g1-b$b" | tee -a "$LOG"
+    if [ "${TRACE:-0}" = 1 ]; then  # the traced step against its memory floor, and against torch.compile's kernels
+      "$PY" -m benchmarks.report roofline "$out/traces/g1-b$b" "$out/traces/g1-b$b.hlo" --bench="$out/g1-b$b-r1.json" \
+        --out="$out/traces/roofline-b$b.json" | tee -a "$LOG"
+      [ -f "$out/traces/compile-b$b.json" ] && "$PY" -m benchmarks.report trace "$out/traces/g1-b$b" \
+        --compare="$out/traces/compile-b$b.json" --min_kernels=50 --out="$out/traces/vs-compile-b$b.json" | tee -a "$LOG"
     fi
   done
   "$PY" -m benchmarks.report scaling "$out"/*.json --out="$OUT_DIR/r50-report.json" | tee "$OUT_DIR/r50.md"
@@ -127,7 +136,7 @@ first_run() {  # every run a first run: an empty compilation cache of its own
   else
     cvb 0 sgd-table "SGD, kNN every 25: first run, autotuning table" $PAPER --knn_every=25 $SGD
     peer 0
-    cvb 0 lars-table "LARS, kNN every 10: first run, autotuning table" $PAPER --knn_every=10
+    [ "${LARS:-1}" = 1 ] && cvb 0 lars-table "LARS, kNN every 10: first run, autotuning table" $PAPER --knn_every=10
   fi
 }
 
@@ -174,6 +183,12 @@ for phase in "$@"; do
         KERAS_BACKEND=jax run 150 "${BENCH[@]}" --image_shape=32,32,3 --sections=a --projector_dims=2048,2048,2048 \
           --whitening_groups="$groups" "$sg" --out="$OUT_DIR/bench-jax-d2048-g$groups-$tag.json"
       done ;;
+    trace28)  # the 28 px step of the CLI's SGD recipe, traced, against its memory floor
+      mkdir -p "$OUT_DIR/traces"
+      KERAS_BACKEND=jax run 300 "${BENCH[@]}" --image_shape=28,28,1 --sections=a --objective=simaffinity --optimizer=sgd \
+        --profile_dir="$OUT_DIR/traces/r18-28px" --hlo_out="$OUT_DIR/traces/r18-28px.hlo" --out="$OUT_DIR/traces/r18-28px.json"
+      "$PY" -m benchmarks.report roofline "$OUT_DIR/traces/r18-28px" "$OUT_DIR/traces/r18-28px.hlo" \
+        --bench="$OUT_DIR/traces/r18-28px.json" --out="$OUT_DIR/traces/roofline-r18-28px.json" | tee -a "$LOG" ;;
     cli) KERAS_BACKEND=jax run 900 "$PY" -m benchmarks.cli_vs_bench --flagfile="${FLAGFILE:-$PAPER}" --epochs=100 \
            --knn_every=10 --warm_rerun --work="$OUT_DIR/cli" --label="${FLAGFILE:-$PAPER}" --out="$OUT_DIR/cli.json" -- --nopictures ;;
     r50) KERAS_BACKEND=jax r50 ;;

@@ -22,10 +22,11 @@ sample of two views) is reported with min and max. ``flops_per_image`` is PyTorc
 (``torch.utils.flop_counter``) of one forward and backward of the eager step divided by the batch;
 ``mfu`` is images/s × that over ``--peak_tflops`` (default: the dense bf16 peak of an H100 / H200).
 
-    python benchmarks/torch_r50_peer.py --batch_size 128 --compile --out torch-r50.json
+    python benchmarks/torch_r50_peer.py --batch_size 128 --compile --out torch-r50.json [--profile trace.json]
 """
 
 import argparse
+import datetime
 import json
 import platform
 import statistics
@@ -80,6 +81,8 @@ def main(argv=None):
     p.add_argument("--peak_tflops", type=float, default=0.0, help="for the MFU (0: an H100 / H200's dense bf16 peak)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default="", help="after the timed steps, trace 5 more with torch.profiler into this "
+                   "Chrome-trace JSON (`python -m benchmarks.report trace` reads it; steps 10 ms apart)")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
 
@@ -132,12 +135,20 @@ def main(argv=None):
         sync()
         rates.append(args.steps * args.batch_size / (time.perf_counter() - t))
     final_loss = float(loss.detach())
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for i in range(5):
+                step(forward, batches[i % len(batches)])
+                sync()
+                time.sleep(0.01)  # an idle gap that separates the steps in the trace
+        prof.export_chrome_trace(args.profile)
 
     name = torch.cuda.get_device_name(device) if on_gpu else platform.processor() or "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), 0.0)
     images_per_s = statistics.median(rates)
     result = {
-        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "config": {k: v for k, v in vars(args).items() if k != "out"}, "date": datetime.date.today().isoformat(),
         "environment": {"device": name, "torch": torch.__version__, "python": platform.python_version()},
         "images_per_s": images_per_s, "images_per_s_min": min(rates), "images_per_s_max": max(rates),
         "ms_per_step": 1000 * args.batch_size / images_per_s, "first_step_s": first_step_s,

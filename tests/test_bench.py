@@ -81,7 +81,8 @@ def jax_bench_runs(tmp_path_factory):
               "--precision=float32", "--reps=1"]
     runs = {1: (1, "global"), 3: (3, "global"), "2pd": (2, "per_device")}
     procs = {key: warm.popen(
-        [*common, f"--devices={devices}", f"--batch_norm={bn}", f"--out={tmp_path / f'bench{key}.json'}"],
+        [*common, f"--devices={devices}", f"--batch_norm={bn}", f"--out={tmp_path / f'bench{key}.json'}",
+         *([f"--hlo_out={tmp_path / 'step1.hlo'}"] if key == 1 else [])],
         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for key, (devices, bn) in runs.items()}
     port = free_port()
@@ -97,6 +98,7 @@ def jax_bench_runs(tmp_path_factory):
         stdout, stderr = proc.communicate(timeout=300)
         path = tmp_path / f"bench{str(key).split('-')[0]}.json"
         out[key] = (proc.returncode, stdout, stderr, json.loads(path.read_text()) if path.exists() else None)
+    out["hlo"] = tmp_path / "step1.hlo"
     return out
 
 
@@ -142,6 +144,11 @@ def test_jax_bench_reports_the_steps_flops_and_mfu(jax_bench_runs):
     assert 2 < section["xla_flops_per_image"] / forward < 4
     assert section["peak_tflops"] == 2
     assert section["mfu"] == pytest.approx(section["images_per_s"] * section["flops_per_image"] / 2e12)
+    # --hlo_out: the compiled step's HLO, whose fusions the roofline report sizes (the views alone are
+    # 2 x 32 x 16 x 16 x 3 float32 values, read by the step's first fusions)
+    from benchmarks import report
+    fusions = report.hlo_fusion_bytes(jax_bench_runs["hlo"].read_text())
+    assert len(fusions) > 20 and sum(fusions.values()) > 2 * 32 * 16 * 16 * 3 * 4
 
 
 def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(tmp_path):

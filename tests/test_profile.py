@@ -95,3 +95,105 @@ def test_trace_summary_times_kernel_kinds_and_compares_two_traces(tmp_path, caps
     out = capsys.readouterr().out
     assert "| conv/matmul | 2.000 | 3.000 | +1.000 |" in out
     assert out.split("differ most")[1].split("|---|---|---|---|")[1].splitlines()[1].startswith("| conv |")
+
+
+def test_kernel_kinds_of_xla_cudnn_and_inductor_names():
+    """A fusion named after a ``convert`` is a fusion, not a convolution; Inductor's reductions and
+    pointwise kernels are fusions whatever aten ops their names list."""
+    from benchmarks.report import kernel_kind
+    kinds = {"loop_convert_fusion_3": "other fusion", "input_convert_reduce_fusion_13": "reduce fusion",
+             "wrapped_convert_1": "other fusion", "conv": "conv/matmul", "some_kernel": "other",
+             "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc": "conv/matmul",
+             "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop>": "conv/matmul",
+             "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": "conv/matmul", "triton_gemm_dot_fusion": "conv/matmul",
+             "triton_red_fused__native_batch_norm_legit_functional_convolution_backward_1": "reduce fusion",
+             "triton_per_fused_add_2": "reduce fusion",
+             "triton_poi_fused_add_convolution_backward_native_batch_norm_backward_3": "other fusion",
+             "input_transpose_fusion_4": "transpose/copy", "Memset 3": "transpose/copy",
+             "ncclDevKernel_AllReduce_Sum_f32_RING_LL": "nccl"}
+    assert {name: kernel_kind(name) for name in kinds} == kinds
+
+
+HLO = """HloModule step
+
+%fused_reduce (p0: bf16[4,8]) -> f32[8] {
+  %p0 = bf16[4,8]{1,0} parameter(0)
+  %inner = f32[4,8]{1,0} fusion(%p0), kind=kLoop, calls=%nested
+  ROOT %r = f32[8]{0} reduce(%inner), dimensions={0}
+}
+
+ENTRY %main (x: bf16[4,8], y: f32[8], /*index=2*/z: s8[16]) -> (f32[8]) {
+  %x = bf16[4,8]{1,0} parameter(0)
+  %y = f32[8]{0} parameter(1)
+  %input_reduce_fusion.1 = f32[8]{0} fusion(%x), kind=kInput, calls=%fused_reduce
+  %loop_add_fusion = (bf16[4,8]{1,0}, f32[8]{0}) fusion(%x, %input_reduce_fusion.1, %y), kind=kLoop, calls=%f2
+  %conv = (bf16[4,8]{1,0}, u8[0]{0}) custom-call(%x, %x), custom_call_target="__cudnn$convForward"
+  ROOT %t = (f32[8]{0}) tuple(%input_reduce_fusion.1)
+}
+"""
+
+
+def test_roofline_joins_kernels_to_the_bytes_of_their_fusions(tmp_path):
+    """Bytes of a fusion = its operands + its results (tuples summed; fusions inside fused computations
+    not counted); a trace of 2 steps (counted by the host's launches, the device back to back) gives per
+    step: the conv's ms and TFLOP/s from the bench's FLOPs, each fusion kind's GB, GB/s and its time at
+    the card's peak bandwidth; the floor is the conv as measured plus the fusions at peak."""
+    from benchmarks import report
+    assert report.hlo_fusion_bytes(HLO) == {"input_reduce_fusion_1": 32 + 64, "loop_add_fusion": 96 + 64 + 32 + 32}
+    assert report.type_bytes("(bf16[2,3]{1,0}, /*index=1*/pred[5], f32[])") == 12 + 5 + 4
+    k = lambda ts, dur, name, pid=1: {"ph": "X", "pid": pid, "tid": 1, "ts": ts, "dur": dur, "name": name}
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "/host:CPU"}}]
+    for start in (0, 10):  # two steps, back to back: one cluster
+        events += [k(start, 4, "sm90_xmma_fprop_implicit_gemm"), k(start + 4, 2, "input_reduce_fusion_1"),
+                   k(start + 6, 4, "loop_add_fusion")]
+        events.append(k(start, 3, "[0] GpuExecutable::ExecuteThunks", pid=9))
+    with gzip.open(tmp_path / "trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    (tmp_path / "step.hlo").write_text(HLO)
+    (tmp_path / "bench.json").write_text(json.dumps({
+        "environment": {"device": "cuda:0 NVIDIA H200"}, "config": {"batch_size": 2},
+        "a_model_only": {"flops_per_image": 4e3, "ms_per_step": 0.011}}))
+    tables, s = report.roofline(str(tmp_path / "trace.json.gz"), str(tmp_path / "step.hlo"),
+                                str(tmp_path / "bench.json"), min_kernels=3)
+    assert s["steps"] == 2 and s["kernel_ms"] == 0.010 and s["conv_ms"] == 0.004
+    assert abs(s["conv_tflops"] - 8e3 / 1e12 / 4e-6) < 1e-9 and s["peak_gbps"] == 4800.0
+    rows = {r["kind"]: r for r in tables[0]["rows"]}
+    assert rows["reduce fusion"]["gb"] == 96e-9 and abs(rows["reduce fusion"]["gbps"] - 96 / 1e6 / 0.002) < 1e-9
+    assert rows["other fusion"]["gb"] == 224e-9 and rows["other fusion"]["matched"] == 1.0
+    assert abs(s["memory_floor_ms"] - 320 / 1e6 / 4800) < 1e-15
+    assert abs(s["floor_ms"] - (0.004 + 320 / 1e6 / 4800)) < 1e-12
+    assert report.main(["roofline", str(tmp_path / "trace.json.gz"), str(tmp_path / "step.hlo"),
+                        "--peak_gbps=1000", "--min_kernels=3"])[0]["rows"][0]["kind"] == "conv/matmul"
+
+
+def test_a_pytorch_profiler_trace_reads_as_one_device(tmp_path, capsys):
+    """torch.profiler's Chrome trace (kernels of category ``kernel``, steps apart) is one GPU whose steps
+    and kernel kinds the trace report gives, and it compares with a JAX trace."""
+    from benchmarks import report
+    k = lambda ts, dur, name: {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7, "ts": ts, "dur": dur, "name": name}
+    events = [{"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 0, "dur": 50000, "name": "aten::conv2d"}]
+    for start in (0, 20000):
+        events += [k(start, 3000, "sm90_xmma_dgrad_implicit_gemm"), k(start + 3000, 1000, "triton_red_fused_1"),
+                   k(start + 4000, 2000, "triton_poi_fused_relu_2")]
+    (tmp_path / "torch.json").write_text(json.dumps({"traceEvents": events}))
+    summary = report.summarise_trace(report.load_trace(str(tmp_path / "torch.json")), min_kernels=3)
+    assert len(summary["devices"]["/device:GPU:0"]) == 2
+    assert summary["kinds_ms_per_step"]["/device:GPU:0"] == {"conv/matmul": 3.0, "other fusion": 2.0, "reduce fusion": 1.0}
+
+
+def test_roofline_names_a_bad_input(tmp_path):
+    from benchmarks import report
+    (tmp_path / "not-a-trace.json").write_text('{"a": 1}')
+    (tmp_path / "empty.hlo").write_text("HloModule m\n")
+    with pytest.raises(SystemExit, match="not-a-trace.json: not a trace"):
+        report.load_trace(str(tmp_path / "not-a-trace.json"))
+    with pytest.raises(SystemExit, match="missing.json.gz: not a readable trace"):
+        report.load_trace(str(tmp_path / "missing.json.gz"))
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "kernel", "pid": 0, "tid": 1, "ts": 0, "dur": 1, "name": "loop_add_fusion"}]}))
+    with pytest.raises(SystemExit, match="empty.hlo: no fusion in it"):
+        report.roofline(str(trace), str(tmp_path / "empty.hlo"), min_kernels=1)
+    with pytest.raises(SystemExit, match="nope.hlo: cannot read the HLO"):
+        report.roofline(str(trace), str(tmp_path / "nope.hlo"), min_kernels=1)
