@@ -343,11 +343,11 @@ def _bench_variant(jobs, r):
         variant.setdefault("mfu", []).append(mfu)
 
 
-def scaling(paths):
+def scaling(paths, first_epoch=3):
     jobs, collectives, memory, bench_jobs = [], [], [], collections.OrderedDict()
     for path in paths:
         if os.path.isdir(path):
-            jobs.append((path, collect_runs(path)))
+            jobs.append((path, collect_runs(path, first_epoch)))
             continue
         for _, r in _items([path]):
             if "variants" in r:
@@ -976,6 +976,7 @@ def main(argv=None):
     parser.add_argument("--compare", default=None, help="trace: another trace, kernel time against this one")
     parser.add_argument("--gap_ms", type=float, default=2.5, help="trace: device idle time between two steps")
     parser.add_argument("--min_kernels", type=int, default=100, help="trace: fewer kernels than this is not a step")
+    parser.add_argument("--first_epoch", type=int, default=3, help="scaling: a RUNS_DIR's runs are timed from this epoch on")
     parser.add_argument("--bench", default=None, help="roofline: the bench's JSON of the traced step (FLOPs, card)")
     parser.add_argument("--peak_gbps", type=float, default=0.0, help="roofline: the card's HBM GB/s (0: from --bench's card)")
     args = parser.parse_args(argv)
@@ -983,7 +984,7 @@ def main(argv=None):
     if args.kind == "speed":
         tables = speed(args.results)
     elif args.kind == "scaling":
-        tables = scaling(args.results)
+        tables = scaling(args.results, args.first_epoch)
     elif args.kind == "study":
         tables, runs = study(args.results, [int(e) for e in args.at.split(",") if e], args.runs)
         if args.plots:

@@ -20,7 +20,8 @@
 #   parity   1 GPU and 1 process x 2 GPUs, the same flags and seed, 5 steps: their epoch-1 losses (a check)
 #   options  onepass (--batch_norm=global_one_pass), perdev (--batch_norm=per_device), knn (the kNN monitor
 #            every epoch on the whole bank), bind (launch --cpu_binding=gpu; indep: taskset, a share of the
-#            CPUs each), and XLA flags: lhs (latency-hiding scheduler), cmdbuf (collectives in CUDA graphs),
+#            CPUs each), spe (4 steps compiled into one program, --steps_per_execution=4, on the first 57,344
+#            images: 112, 56 or 28 steps an epoch on 1, 2 or 4 GPUs), and XLA flags: lhs (latency-hiding scheduler), cmdbuf (collectives in CUDA graphs),
 #            sync (all-reduces on the compute stream), oneshot (XLA's one-shot all-reduce), sym (NCCL symmetric
 #            buffers), nocombine (no heuristic collective combining), noshard (every process autotunes)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
@@ -79,12 +80,13 @@ run() {  # run NAME GPUS PROCESSES [TRAIN FLAGS...]: one train command (PROCESSE
 }
 
 variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RUNS_DIR/NAME.json
-  local v=$1 kind part xla="" extra=() bind=""
+  local v=$1 kind part xla="" extra=() bind="" images=60000
   kind=${v%%+*}
   for part in $(tr '+' ' ' <<< "${v#"$kind"}"); do
     case $part in
       onepass) extra+=(--batch_norm=global_one_pass) ;; perdev) extra+=(--batch_norm=per_device) ;;
       knn) extra+=(--knn_every=1 --knn_max_train=0) ;; bind) bind=1 ;;
+      spe) images=57344; extra+=(--steps_per_execution=4 --max_examples=$images) ;;
       lhs) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true" ;;
       cmdbuf) xla="$xla --xla_gpu_enable_command_buffer=+COLLECTIVES" ;;
       sync) xla="$xla --xla_gpu_disable_async_collectives=ALLREDUCE" ;;
@@ -109,7 +111,7 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
   [ -n "$bind" ] && layout="$layout, CPUs bound"
   printf '{"variant": "%s", "run": "%s", "gpus": %d, "batch_per_gpu": %d, "layout": "%s"}\n' \
     "$v" "$kind" "$ngpu" "$per" "$layout" > "$RUNS_DIR/$v.json"
-  local r tag flags last=$((EPOCHS * 60000 / batch)) rc start
+  local r tag flags last=$((EPOCHS * (images / batch))) rc start
   for ((r = 1; r <= REPEATS + (TRACE == 1 ? 1 : 0); r++)); do
     tag=$v-r$r; flags=("${extra[@]}" --batch_size="$batch")
     [ "$r" -gt "$REPEATS" ] && { tag=$v-trace; flags+=(--profile_steps=$((last - 5)),$((last - 1))); }
@@ -168,7 +170,7 @@ print(f"parity: epoch-1 loss 1 GPU {loss[0]:.6f}, 2 GPUs {loss[1]:.6f}, relative
 PY
 }
 
-report() { "$PY" -m benchmarks.report scaling "$RUNS_DIR" --out="$OUT_DIR/scaling.json" > "$OUT_DIR/scaling.md"; }
+report() { "$PY" -m benchmarks.report scaling "$RUNS_DIR" --first_epoch="$FROM" --out="$OUT_DIR/scaling.json" > "$OUT_DIR/scaling.md"; }
 status=0
 for v in $VARIANTS; do
   variant "$v" || status=$?
