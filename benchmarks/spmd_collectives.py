@@ -24,21 +24,9 @@ import os
 import re
 import sys
 
+from benchmarks.report import type_bytes  # bytes of an HLO type
+
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-          "s64": 8, "u64": 8, "f64": 8}
-_SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16)\[([\d,]*)\]")
-
-
-def shape_bytes(text):
-    """Bytes of every array shape in an HLO result type, e.g. ``(f32[3,3], bf16[8])``."""
-    total = 0
-    for dtype, dims in _SHAPE.findall(text):
-        n = 1
-        for d in filter(None, dims.split(",")):
-            n *= int(d)
-        total += n * _BYTES.get(dtype, 4)
-    return total
 
 
 def collectives(hlo_text):
@@ -48,7 +36,7 @@ def collectives(hlo_text):
         m = re.search(r"=\s*(.+?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(", line)
         if not m or "-done" in line.split("=")[1][:40]:
             continue
-        found.append((m.group(2), m.group(1).strip(), shape_bytes(m.group(1))))
+        found.append((m.group(2), m.group(1).strip(), type_bytes(m.group(1))))
     return found
 
 
