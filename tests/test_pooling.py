@@ -65,10 +65,13 @@ out["ties_mass"] = [float(dx.sum()), float(weights.sum())]
 xb = jnp.asarray(rng.normal(size=(2, 9, 9, 2)), jnp.bfloat16)
 out["bf16_grad_dtype"] = str(jax.grad(lambda x: jnp.sum(pooling.max_pool_2d(x, (3, 3), (2, 2)).astype(jnp.float32)))(xb).dtype)
 
-# keras.applications' ResNet-50 takes the layer; its release copy Keras' own, with the same features
+# A backbone of another library (as keras.applications' ResNet-50) takes the layer through
+# with_our_layers; its release copy Keras' own, with the same features
 jax.config.update("jax_enable_x64", False)
 keras.utils.set_random_seed(0)
-model = encoders.build_encoder("resnet50", (64, 64, 3))
+inputs = keras.Input((None, None, 3))
+hidden = keras.layers.MaxPooling2D(3, strides=2, name="pool")(keras.layers.Conv2D(4, 3, name="conv")(inputs))
+model = encoders.with_our_layers(keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(hidden)))
 pools = [type(layer).__module__ for layer in model.layers if isinstance(layer, keras.layers.MaxPooling2D)]
 images = rng.normal(size=(2, 64, 64, 3)).astype("float32")
 portable, replaced = portable_backbone(model)
@@ -82,9 +85,9 @@ print(json.dumps(out))
 
 def test_gather_max_pool_matches_the_float64_reference_and_releases_as_keras(run_python):
     """On JAX, values and gradients equal a float64 max pool whose windows send their gradient to their
-    first largest input (valid and same padding, strides 1 and 2, ties); bfloat16 stays bfloat16; the
-    ResNet-50 builder takes the layer, and the release's portable copy turns it back into Keras' own with
-    the same features."""
+    first largest input (valid and same padding, strides 1 and 2, ties); bfloat16 stays bfloat16; a
+    backbone built by another library takes the layer (``with_our_layers``), and the release's portable
+    copy turns it back into Keras' own with the same features."""
     out = run_python(POOLING_ON_JAX, backend="jax")
     for case in out["cases"]:
         assert case["dtype"] == "float64" and case["y"] == 0.0 and case["dx"] < 1e-12, case
@@ -93,7 +96,7 @@ def test_gather_max_pool_matches_the_float64_reference_and_releases_as_keras(run
     assert out["bf16_grad_dtype"] == "bfloat16"
     assert out["pools"] == ["uniclr_tf.nets.pooling"]
     assert out["portable_pools"] == ["keras.src.layers.pooling.max_pooling2d"]
-    assert out["replaced"] == 1 and out["features_diff"] < 1e-5  # the pool (the batch norms are Keras' own here)
+    assert out["replaced"] == 1 and out["features_diff"] < 1e-5
 
 
 def test_max_pooling_layer_is_keras_own_off_jax():
