@@ -338,22 +338,31 @@ def test_a_failed_background_history_write_is_raised_at_the_next_epoch_end(tmp_p
 
 
 def test_curves_are_drawn_at_the_end_and_in_the_background_every_plot_every_s(tmp_path, monkeypatch):
-    """A run shorter than ``plot_every_s`` draws its curves once, at the end, in the training thread; with
-    ``plot_every_s`` elapsed they are also drawn in the background at an epoch end, skipped while the
-    previous drawing is still going on."""
-    import threading
-
+    """A run shorter than ``plot_every_s`` draws its curves once, at the end, in the training process; with
+    ``plot_every_s`` elapsed they are also drawn in the background (a child process) at an epoch end,
+    skipped while the previous drawing is still going on."""
     from uniclr_tf.training import callbacks
 
-    drawn, release = [], threading.Event()
+    drawn, children = [], []
 
-    def record(epochs, path, title, reference):
-        background = threading.current_thread() is not threading.main_thread()
-        drawn.append((len(epochs), "background" if background else "end"))
-        if background:
-            assert release.wait(timeout=30)
+    class Child:  # a drawing child process that runs until the test lets it finish
+        def __init__(self):
+            self.done = False
 
-    monkeypatch.setattr(callbacks, "plot_curves", record)
+        def poll(self):
+            return 0 if self.done else None
+
+        def wait(self):
+            self.done = True
+            return 0
+
+    def start(epochs, path, title, reference):
+        drawn.append((len(epochs), "background"))
+        children.append(Child())
+        return children[-1]
+
+    monkeypatch.setattr(callbacks, "plot_curves", lambda epochs, *a: drawn.append((len(epochs), "end")))
+    monkeypatch.setattr(callbacks, "start_drawing", start)
     short = callbacks.HistoryRecorder(str(tmp_path), plot_every_s=60.0)
     for epoch in range(3):
         short.on_epoch_end(epoch, {"loss": 1.0})
@@ -361,14 +370,37 @@ def test_curves_are_drawn_at_the_end_and_in_the_background_every_plot_every_s(tm
     assert drawn == [(3, "end")]
     drawn.clear()
     long = callbacks.HistoryRecorder(str(tmp_path), plot_every_s=0.0)
-    long.on_epoch_end(0, {"loss": 1.0})  # drawing, held until released
+    long.on_epoch_end(0, {"loss": 1.0})  # drawing, until the child is done
     long.on_epoch_end(1, {"loss": 0.9})  # skipped: the first drawing is still going on
     assert long.drawing
-    release.set()
-    long.wait()
+    children[0].done = True
+    assert not long.drawing
     long.on_epoch_end(2, {"loss": 0.8})
-    long.on_train_end()
-    assert drawn == [(1, "background"), (3, "background"), (3, "end")]
+    long.on_train_end()  # waits for the second child, then draws the last curves itself
+    assert drawn == [(1, "background"), (3, "background"), (3, "end")] and children[1].done
+
+
+def test_a_child_process_draws_the_curves(tmp_path, capfd):
+    """``start_drawing``: another process writes the PNG (atomically) and removes its job file; one that
+    cannot write says so and still exits 0 (the curves never stop a run)."""
+    import glob
+    import tempfile
+
+    from uniclr_tf.training import curves
+    epochs = [{"epoch": i + 1, "loss": 2.0 - 0.1 * i, "knn_top1": np.float32(0.5 + 0.01 * i), "wall_seconds": i}
+              for i in range(5)]
+    jobs_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "uniclr-curves-*.json")))
+    child = curves.start_drawing(epochs, str(tmp_path / "curves.png"), "a run", {"raw-pixel kNN": 0.75})
+    assert child.pid != os.getpid() and child.wait(timeout=120) == 0
+    with open(tmp_path / "curves.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert sorted(os.listdir(tmp_path)) == ["curves.png"]
+    (tmp_path / "file").write_text("not a folder")
+    capfd.readouterr()
+    child = curves.start_drawing(epochs, str(tmp_path / "file" / "curves.png"))
+    assert child.wait(timeout=120) == 0
+    assert "warning: could not draw the curves" in capfd.readouterr().out
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "uniclr-curves-*.json"))) <= jobs_before
 
 
 def test_a_jax_snapshot_fetched_in_pieces_is_every_value_exactly():

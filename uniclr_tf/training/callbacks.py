@@ -14,6 +14,7 @@ import keras
 import numpy as np
 
 from uniclr_tf.training import runs
+from uniclr_tf.training.curves import plot_curves, start_drawing
 from uniclr_tf.evaluation import knn_eval
 
 
@@ -535,8 +536,10 @@ class HistoryRecorder(keras.callbacks.Callback):
     file systems), which the next epoch's steps need not wait for. An error (a full disk) is raised
     at the next epoch end. The epoch's backup waits for them
     (:meth:`pending_write`, given to :class:`uniclr_tf.training.backup.BackupCallback`), so a resumed run's
-    history holds every backed-up epoch. The curves are drawn by another background thread (about a
-    second of matplotlib), skipped while the previous drawing is still going on.
+    history holds every backed-up epoch. During training the curves are drawn by a child process
+    (:func:`uniclr_tf.training.curves.start_drawing`: about a second of matplotlib, which in a thread
+    would hold the GIL and starve the device of steps), skipped while the previous drawing is still going
+    on; the last drawing, at the end, in the training thread.
 
     ``epochs`` continues an earlier history (a resumed run). ``title`` heads the plot;
     ``reference`` is drawn as a dashed line on the accuracy panel (e.g. ``{"raw-pixel kNN": 0.75}``).
@@ -549,7 +552,7 @@ class HistoryRecorder(keras.callbacks.Callback):
         self.reference = dict(reference or {})
         self.epochs = list(epochs)
         self._last_plot = time.monotonic()
-        self._plotter = None  # the background thread drawing the curves, if any
+        self._plotter = None  # the child process drawing the curves, if any
         self._files_pool = None  # one worker: history.json and log.csv, epoch after epoch
         self._files = None  # the Future of the last history.json + log.csv write submitted
         self._files_error = None  # the first error of a background write, not raised yet
@@ -604,7 +607,7 @@ class HistoryRecorder(keras.callbacks.Callback):
     @property
     def drawing(self):
         """True while the curves of an earlier epoch are being drawn in the background."""
-        return self._plotter is not None and self._plotter.is_alive()
+        return self._plotter is not None and self._plotter.poll() is None
 
     def wait(self):
         """Waits for the background writes and drawing, if any (without raising their errors: called
@@ -621,7 +624,7 @@ class HistoryRecorder(keras.callbacks.Callback):
 
     def _join_plotter(self):
         if self._plotter is not None:
-            self._plotter.join()
+            self._plotter.wait()
             self._plotter = None
 
     def write(self, plot=True):
@@ -638,19 +641,9 @@ class HistoryRecorder(keras.callbacks.Callback):
         args = (list(self.epochs), os.path.join(self.run_dir, "curves.png"), self.title, self.reference)
         self._join_plotter()
         if background:
-            # not a daemon: the interpreter waits for it (a daemon killed inside matplotlib aborts Python)
-            self._plotter = threading.Thread(target=_plot_quietly, args=args, daemon=False)
-            self._plotter.start()
+            self._plotter = start_drawing(*args)
         else:
-            self._plotter = None
             plot_curves(*args)
-
-
-def _plot_quietly(*args):
-    try:
-        plot_curves(*args)
-    except Exception as e:  # the curves are a convenience: say so, never stop training for them
-        print(f"warning: could not draw {args[1]}: {e}", flush=True)
 
 
 def history_csv(epochs):
@@ -662,48 +655,3 @@ def history_csv(epochs):
     return "\n".join(lines) + "\n"
 
 
-# Panels by scale: the loss and its terms; each diagnostic on its own axis; accuracies in [0, 1].
-_DIAGNOSTICS = {"symmetry": "‖A − Aᵀ‖_F (unweighted)", "embedding_std": "std of ℓ2-normalised embedding",
-                "ema_momentum": "EMA momentum"}
-
-
-def plot_curves(epochs, path, title="", reference=None):
-    """One PNG: the loss terms (linear axis), one panel per diagnostic (symmetry ‖A − Aᵀ‖_F,
-    embedding std, EMA momentum) and the accuracies (kNN, probe) with ``reference`` lines.
-    Drawn with matplotlib's object API (no pyplot state: safe off the main thread), written atomically."""
-    if not epochs:
-        return
-    try:
-        import matplotlib.ticker
-        from matplotlib.figure import Figure
-    except ImportError:  # the curves are a convenience; history.json has the numbers
-        return
-
-    keys = [k for k in dict.fromkeys(k for e in epochs for k in e) if k != "epoch" and not k.endswith("_seconds")]
-    acc_keys = [k for k in keys if "top" in k or "accuracy" in k]
-    diag_keys = [k for k in keys if k in _DIAGNOSTICS]
-    loss_keys = [k for k in keys if k not in acc_keys and k not in diag_keys]
-    panels = [(loss_keys, "loss and its terms", "value")]
-    panels += [([k], k, _DIAGNOSTICS[k]) for k in diag_keys]
-    panels.append((acc_keys, "accuracy (test split)", "top-k accuracy"))
-    fig = Figure(figsize=(4.2 * len(panels), 3.8))
-    axes = fig.subplots(1, len(panels), squeeze=False)
-    for ax, (group, name, ylabel) in zip(axes[0], panels):
-        for k in group:
-            pts = [(e["epoch"], e[k]) for e in epochs if e.get(k) is not None]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", markersize=3, label=k)
-        if group is acc_keys:
-            for label, value in (reference or {}).items():
-                ax.axhline(value, color="grey", linestyle="--", label=label)
-        ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.set_ylabel(ylabel)
-        ax.set_title(name)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    runs.atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
