@@ -4,8 +4,8 @@ Keras' ``MaxPooling2D`` differentiates, on JAX, as XLA's reduce-window chooser: 
 32-bit index array per spatial dimension and window corner, and the backward pass scatters the output's
 gradient into the input (ResNet-50 at 224 px, batch 2 × 128 views on an H200: about 2 ms a step, 5 % of
 it, for its one stem pool). :class:`MaxPooling2D` computes the same values and the same gradient from an
-``int8`` index of the winning window position, and its backward is a gather: each input position sums
-the gradients of the (at most ⌈k/s⌉² ) windows it won, one fused elementwise pass over the input.
+``int8`` index of the winning window position (``int32`` beyond 127 positions), and its backward is a gather: each input position sums
+the gradients of the (at most ⌈k/s⌉²) windows it won, one fused elementwise pass over the input.
 
 Ties go to the first position of the window in row-major order (``>`` keeps the earlier one), so the
 gradient of a window reaches exactly one input. The fast path is taken on JAX for channels-last inputs;
@@ -32,11 +32,12 @@ def _pool_argmax(x, size, strides, out_hw):
     import jax.numpy as jnp
 
     views = _windows(x, size, strides, out_hw)
-    y, idx = views[0], jnp.zeros(views[0].shape, jnp.int8)
+    index = jnp.int8 if len(views) <= 127 else jnp.int32
+    y, idx = views[0], jnp.zeros(views[0].shape, index)
     for k, v in enumerate(views[1:], 1):
-        better = v > y
+        better = (v > y) | jnp.isnan(v)  # a NaN wins, as in Keras' max pool: it propagates
         y = jnp.where(better, v, y)
-        idx = jnp.where(better, jnp.int8(k), idx)
+        idx = jnp.where(better, index(k), idx)
     return y, idx
 
 
