@@ -502,3 +502,17 @@ def test_a_backup_whose_compile_the_signal_killed_is_compiled_again(tmp_path, mo
             saver.on_train_batch_begin(2)
         writer.wait()
         assert len(calls) == 2 and writer.last["step"] == 2 and writer.last["reason"] == "SIGTERM"
+
+
+def test_curves_are_drawn_here_when_no_child_can_start(tmp_path, monkeypatch, capsys):
+    """A child that cannot be started (no interpreter to run): the curves are drawn in this process, with a
+    note, and the job file is removed."""
+    import glob
+    import tempfile
+
+    from uniclr_tf.training import curves
+    monkeypatch.setattr(curves.sys, "executable", str(tmp_path / "no-python"))
+    jobs_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "uniclr-curves-*.json")))
+    assert curves.start_drawing([{"epoch": 1, "loss": 1.0}], str(tmp_path / "curves.png")) is None
+    assert "drawing" in capsys.readouterr().out and (tmp_path / "curves.png").exists()
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "uniclr-curves-*.json"))) <= jobs_before

@@ -62,7 +62,8 @@ def plot_curves(epochs, path, title="", reference=None):
 
 
 def start_drawing(epochs, path, title="", reference=None):
-    """:func:`plot_curves` in a child process (this interpreter, the package's folder on its path); returns
+    """:func:`plot_curves` in a child process (this interpreter; the folder holding this package first on its
+    path unless it is there already); returns
     its ``subprocess.Popen`` (``poll()`` / ``wait()``), which deletes the job file it is given. The child
     prints a warning and exits 0 when it cannot draw; a child that cannot be started draws here instead
     (None is returned)."""
@@ -71,14 +72,22 @@ def start_drawing(epochs, path, title="", reference=None):
         json.dump({"epochs": epochs, "path": os.path.abspath(path), "title": title, "reference": reference}, f,
                   default=float)  # NumPy scalars as numbers
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    code = f"import sys; sys.path.insert(0, {root!r}); from uniclr_tf.training.curves import main; main(sys.argv[1])"
+    code = (f"import sys; sys.path[:0] = [] if {root!r} in sys.path else [{root!r}]; "  # a checkout not installed
+            "from uniclr_tf.training.curves import main; main(sys.argv[1])")
     try:
         return subprocess.Popen([sys.executable, "-c", code, job], stdin=subprocess.DEVNULL)
     except OSError as e:
         os.remove(job)
         print(f"note: drawing {path} in this process ({type(e).__name__}: {e})", flush=True)
-        plot_curves(epochs, path, title, reference)
+        _draw_quietly(epochs, path, title, reference)
         return None
+
+
+def _draw_quietly(*args):
+    try:
+        plot_curves(*args)
+    except Exception as e:  # noqa: BLE001 - the curves are a convenience: say so, never stop training for them
+        print(f"warning: could not draw the curves: {type(e).__name__}: {e}", flush=True)
 
 
 def main(job):
@@ -91,9 +100,7 @@ def main(job):
     try:
         with open(job) as f:
             spec = json.load(f)
-        plot_curves(spec["epochs"], spec["path"], spec["title"], spec["reference"])
-    except Exception as e:  # the curves are a convenience: say so, never stop training for them
-        print(f"warning: could not draw the curves: {type(e).__name__}: {e}", flush=True)
+        _draw_quietly(spec["epochs"], spec["path"], spec["title"], spec["reference"])
     finally:
         try:
             os.remove(job)
