@@ -41,8 +41,7 @@ def reference_grad(shape, positions, weights, crop):
 
 rng = np.random.default_rng(0)
 out = {"cases": []}
-for k, s, padding, h, w in [(3, 2, "valid", 11, 12), (3, 2, "same", 10, 9), (2, 2, "valid", 8, 8), (3, 1, "same", 5, 6),
-                            (12, 3, "valid", 26, 27)]:  # 144 window positions: a 32-bit index
+for k, s, padding, h, w in [(3, 2, "valid", 11, 12), (3, 2, "same", 10, 9), (2, 2, "valid", 8, 8), (3, 1, "same", 5, 6)]:
     x = rng.normal(size=(2, h, w, 3))
     y_ref, positions, padded = reference(x, k, s, padding)
     weights = rng.normal(size=y_ref.shape)
@@ -62,6 +61,15 @@ weights = rng.normal(size=y_ref.shape)
 dx = np.asarray(jax.grad(lambda x: jnp.sum(pooling.max_pool_2d(x, (3, 3), (2, 2)) * weights))(jnp.asarray(x)))
 out["ties_dx"] = float(np.abs(dx - reference_grad(padded, positions, weights, (0, 0, 9, 9))).max())
 out["ties_mass"] = [float(dx.sum()), float(weights.sum())]
+# 144 window positions: a 32-bit index, each window's first largest (the forward pass)
+x = rng.normal(size=(2, 26, 27, 3))
+y, idx = pooling._pool_argmax(jnp.asarray(x), (12, 12), (3, 3), (5, 6))
+y_ref, positions, _ = reference(x, 12, 3, "valid")
+rows, cols = np.divmod(np.asarray(idx), 12)
+out["index_dtype"] = str(idx.dtype)
+out["large_window"] = [float(np.abs(np.asarray(y) - y_ref).max()),
+                       bool((rows + 3 * np.arange(5)[None, :, None, None] == positions[..., 0]).all()
+                            and (cols + 3 * np.arange(6)[None, None, :, None] == positions[..., 1]).all())]
 # A NaN propagates to its windows' outputs, as in Keras' max pool
 x = rng.normal(size=(1, 9, 9, 1))
 x[0, 4, 4, 0] = np.nan
@@ -91,7 +99,7 @@ print(json.dumps(out))
 
 def test_gather_max_pool_matches_the_float64_reference_and_releases_as_keras(run_python):
     """On JAX, values and gradients equal a float64 max pool whose windows send their gradient to their
-    first largest input (valid and same padding, strides 1 to 3, ties, windows of 144 positions); a NaN
+    first largest input (valid and same padding, strides 1 and 2, ties; the winners of windows of 144 positions); a NaN
     propagates as in Keras; bfloat16 stays bfloat16; a
     backbone built by another library takes the layer (``with_our_layers``), and the release's portable
     copy turns it back into Keras' own with the same features."""
@@ -101,6 +109,7 @@ def test_gather_max_pool_matches_the_float64_reference_and_releases_as_keras(run
     assert out["ties_dx"] < 1e-12
     assert abs(out["ties_mass"][0] - out["ties_mass"][1]) < 1e-9
     assert out["bf16_grad_dtype"] == "bfloat16"
+    assert out["index_dtype"] == "int32" and out["large_window"] == [0.0, True]
     assert out["nan_windows"] == [4, 4]  # the centre of a 9x9 map lies in 4 windows of 3x3, stride 2
     assert out["pools"] == ["uniclr_tf.nets.pooling"]
     assert out["portable_pools"] == ["keras.src.layers.pooling.max_pooling2d"]
