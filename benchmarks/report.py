@@ -759,24 +759,32 @@ def _step_row(kernels):
             "nccl_ms": busy(nccl) / 1e3, "idle_ms": (span - busy(kernels)) / 1e3, "collectives": dict(kinds)}
 
 
-def summarise_trace(events, gap_ms=2.5, min_kernels=100):
-    """Per device its steps (``_step_row``), kernel ms a step by kind and by kernel; the host's enqueue ms a
-    step per device (``GpuExecutable::ExecuteThunks``) and CUDA-graph launches a device-step."""
+def _devices_and_steps(events, gap_ms, min_kernels):
+    """What the trace reports share: ``(devices, enqueue, host, steps_traced)``, ``devices`` each GPU's or
+    TPU's steps (clusters of at least ``min_kernels`` kernels between idle gaps over ``gap_ms``) by name,
+    ``enqueue`` the host's ms to enqueue each step by device index (``GpuExecutable::ExecuteThunks``),
+    ``host`` the host's events, ``steps_traced`` the most steps one device was given (0 without them)."""
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     spans = [e for e in events if e.get("ph") == "X"]
-    out = {"devices": {}, "host": {}, "kinds_ms_per_step": {}, "top_kernels_ms_per_step": {}}
     host = [e for e in spans if names.get(e["pid"], "").startswith("/host")]
     enqueue = collections.defaultdict(list)
     for e in host:
         if e["name"].endswith("GpuExecutable::ExecuteThunks"):
             device = e["name"].split("]")[0].lstrip("[") if e["name"].startswith("[") else "0"
             enqueue[device].append(e["dur"] / 1e3)
-    steps_traced = max((len(v) for v in enqueue.values()), default=0)
-    out["steps_traced"] = steps_traced
-    for pid, name in sorted(names.items()):
-        if "GPU" not in name and "TPU" not in name:
-            continue
-        clusters = [s for s in _device_steps([e for e in spans if e["pid"] == pid], gap_ms * 1e3) if len(s) >= min_kernels]
+    devices = {name: [s for s in _device_steps([e for e in spans if e["pid"] == pid], gap_ms * 1e3)
+                      if len(s) >= min_kernels]
+               for pid, name in sorted(names.items()) if "GPU" in name or "TPU" in name}
+    return devices, enqueue, host, max((len(v) for v in enqueue.values()), default=0)
+
+
+def summarise_trace(events, gap_ms=2.5, min_kernels=100):
+    """Per device its steps (``_step_row``), kernel ms a step by kind and by kernel; the host's enqueue ms a
+    step per device (``GpuExecutable::ExecuteThunks``) and CUDA-graph launches a device-step."""
+    devices, enqueue, host, steps_traced = _devices_and_steps(events, gap_ms, min_kernels)
+    out = {"devices": {}, "host": {}, "kinds_ms_per_step": {}, "top_kernels_ms_per_step": {},
+           "steps_traced": steps_traced}
+    for name, clusters in devices.items():
         out["devices"][name] = [_step_row(s) for s in clusters]
         out["kinds_ms_per_step"][name], out["top_kernels_ms_per_step"][name] = \
             _per_step_times(clusters, steps=steps_traced or len(clusters))
@@ -882,13 +890,10 @@ def roofline(trace_path, hlo_path, bench_path=None, peak_gbps=0.0, gap_ms=2.5, m
     """Kernel time a step by kind against the bytes the fusions move (from the HLO) and the FLOPs of the
     convolutions and matmuls (``flops_per_image`` × batch of the bench's JSON): achieved GB/s and TFLOP/s,
     and the time the memory-bound kernels would take at the card's peak HBM bandwidth."""
-    events = load_trace(trace_path)
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
-    pid = next((p for p, n in sorted(names.items(), key=lambda kv: str(kv[1])) if "GPU" in n), None)
-    if pid is None:
+    devices, _, _, steps_traced = _devices_and_steps(load_trace(trace_path), gap_ms, min_kernels)
+    steps = next((clusters for name, clusters in devices.items() if "GPU" in name), None)
+    if steps is None:
         raise SystemExit(f"{trace_path}: no GPU device in the trace")
-    steps = [s for s in _device_steps([e for e in events if e.get("ph") == "X" and e["pid"] == pid], gap_ms * 1e3)
-             if len(s) >= min_kernels]
     if not steps:
         raise SystemExit(f"{trace_path}: no step of {min_kernels} kernels or more")
     try:
@@ -903,9 +908,7 @@ def roofline(trace_path, hlo_path, bench_path=None, peak_gbps=0.0, gap_ms=2.5, m
     device = str(bench.get("environment", {}).get("device", "")) if isinstance(bench, dict) else ""
     peak = peak_gbps or next((v for k, v in PEAK_HBM_GBPS.items() if k in device), 0.0)
     step_flops = a.get("flops_per_image", 0) * bench.get("config", {}).get("batch_size", 0) if a else 0
-    host = [e for e in events if e.get("ph") == "X" and names.get(e["pid"], "").startswith("/host")
-            and e["name"].endswith("GpuExecutable::ExecuteThunks")]
-    n = len(host) or len(steps)  # back-to-back steps make one cluster: count them by the host's launches
+    n = steps_traced or len(steps)  # back-to-back steps make one cluster: count them by the host's launches
     kinds = collections.defaultdict(lambda: {"kernels": 0, "ms": 0.0, "bytes": 0, "matched_ms": 0.0})
     per_kernel = collections.defaultdict(lambda: {"ms": 0.0, "bytes": 0, "calls": 0})
     for kernels in steps:
