@@ -4,7 +4,7 @@ r"""A study: many runs of the train CLI from one plan file, one run per GPU at a
         [--runs_dir=/tmp/uniclr-study] [--time_limit=540] [--only=NAME,...] [--linear_eval="--augment_on=device"]
     python -m benchmarks.study --plan=... --out=OUT --summary_only      # the table of what OUT holds
     python -m benchmarks.study plan robustness|full_schedule           # a plan generated from configs/
-    python -m benchmarks.study pack --plan=PLAN --out=FILE.json [--card=H200] DIR ...   # curated runs
+    python -m benchmarks.study pack --plan=PLAN --out=FILE.json [--card=H200] [--ended] DIR|JSON ...  # curated runs
 
 The plan is a text file, one run per line: a name, then the train flags of that run. ``common:``
 lines give flags every run of the plan takes. ``#`` starts a comment; a line ending in ``\``
@@ -41,7 +41,7 @@ its own schedule; ``plan full_schedule`` the same configs x 3 seeds x their whol
 with ``--linear_eval``. A config that only points to another (``--flagfile=OTHER`` and nothing else) is
 that recipe and shares its runs. ``pack`` keeps the small part of run folders (status, card, final
 numbers, the per-epoch kNN, effective rank and embedding std) in one JSON per plan, what
-``benchmarks/results/study/`` holds.
+``benchmarks/results/study/`` holds; given that JSON too, it adds the new runs to it.
 """
 
 import argparse
@@ -149,19 +149,34 @@ def generated_plan(kind):
     return "\n".join(lines) + "\n"
 
 
-def pack(plan, dirs, card=None):
-    """The runs of ``plan`` found in ``dirs`` (the first holding a finished run NAME, else the first holding
-    any of its files), packed by ``benchmarks.report.pack_run``."""
+def pack(plan, paths, card=None, ended=False):
+    """The runs of ``plan`` found in ``paths``: study ``--out`` folders (each run packed by
+    ``benchmarks.report.pack_run``) or earlier packs of the plan, so that a plan's results add up over
+    several calls or machines. A name found twice keeps its first finished run, else its first found.
+    Runs from a pack keep their date, those from a folder get today's. ``ended``: leave out the runs a
+    time limit stopped (where their backups are gone, they cannot resume)."""
     from benchmarks import report
     _, runs = read_plan(plan)
-    packed = {}
-    for name, _flags in runs:
-        present = [d for d in dirs if os.path.isdir(os.path.join(d, name))]
-        finished = [d for d in present if (_json(os.path.join(d, name, "metrics.json")) or {}).get("status") == "finished"]
-        if finished or present:
-            packed[name] = report.pack_run(os.path.join((finished or present)[0], name), card)
-    return {"plan": os.path.relpath(os.path.abspath(plan), ROOT), "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            "runs": packed}
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    found = {}
+    for path in paths:
+        if os.path.isdir(path):
+            here = {name: {**report.pack_run(os.path.join(path, name), card), "date": today}
+                    for name, _flags in runs if os.path.isdir(os.path.join(path, name))}
+        else:
+            data = _json(path)
+            if not isinstance(data, dict) or "runs" not in data:
+                raise SystemExit(f"pack: {path} is neither a study folder nor a packed study")
+            if os.path.normpath(data.get("plan", "")) != os.path.relpath(os.path.abspath(plan), ROOT):
+                raise SystemExit(f"pack: {path} packs {data.get('plan')!r}, not {plan}")
+            here = {name: {**run, "date": run.get("date", data.get("date"))} for name, run in data["runs"].items()}
+        for name, run in here.items():
+            if name not in found or (found[name]["status"] != "finished" and run["status"] == "finished"):
+                found[name] = run
+    names = [name for name, _flags in runs if name in found
+             and not (ended and report.outcome(found[name])[0] == "unfinished")]
+    return {"plan": os.path.relpath(os.path.abspath(plan), ROOT), "date": today,
+            "runs": {name: found[name] for name in names}}
 
 
 def write_summary(out, names=None):
@@ -192,12 +207,14 @@ def main(argv=None):
         return
     if argv[:1] == ["pack"]:
         parser = argparse.ArgumentParser(prog="python -m benchmarks.study pack")
-        parser.add_argument("dirs", nargs="+", help="study --out folders holding run folders NAME/")
+        parser.add_argument("paths", nargs="+", help="study --out folders holding run folders NAME/, or earlier "
+                            "packs of the plan (its runs add up)")
         parser.add_argument("--plan", required=True)
         parser.add_argument("--out", required=True)
         parser.add_argument("--card", default=None, help="the GPU (default: h100/h200 read from each folder's path)")
+        parser.add_argument("--ended", action="store_true", help="leave out runs a time limit stopped")
         args = parser.parse_args(argv[1:])
-        text = json.dumps(pack(args.plan, args.dirs, args.card), separators=(",", ":")).replace('},"', '},\n"')
+        text = json.dumps(pack(args.plan, args.paths, args.card, args.ended), separators=(",", ":")).replace('},"', '},\n"')
         atomic_write_text(args.out, text + "\n")
         return
     parser = argparse.ArgumentParser(prog="python -m benchmarks.study", description=__doc__.split("\n\n")[0],

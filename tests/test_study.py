@@ -270,6 +270,33 @@ def test_pack_keeps_a_plan_s_runs_small_and_the_report_reads_them_as_it_reads_th
     assert strip(from_packed[0]["rows"]) == strip(from_folders[0]["rows"])
 
 
+def test_pack_adds_new_runs_to_an_earlier_pack_and_can_leave_out_stopped_ones(tmp_path):
+    """A plan's results add up over calls: an earlier pack keeps its runs and their dates, a finished run
+    replaces a stopped one of the same name, and ``--ended`` leaves out runs a time limit stopped."""
+    plan = write(tmp_path / "p.plan", "a --seed=0\nb --seed=1\nc --seed=2\n")
+    first, second = tmp_path / "first", tmp_path / "second"
+    _run(first / "a", [{"epoch": 5, "knn_top1": 0.7}], status="finished", knn_top1=0.7, raw_pixel_knn_top1=0.6)
+    _run(first / "b", [{"epoch": 2, "knn_top1": 0.5}], status="interrupted", epoch=2)
+    earlier = tmp_path / "earlier.json"
+    study.main(["pack", f"--plan={plan}", f"--out={earlier}", str(first)])
+    data = json.loads(earlier.read_text())
+    data["runs"]["a"]["date"] = "2000-01-01"  # packed on another day
+    earlier.write_text(json.dumps({**data, "date": "2000-01-01"}))
+    _run(second / "b", [{"epoch": 5, "knn_top1": 0.8}], status="finished", knn_top1=0.8, raw_pixel_knn_top1=0.6)
+    _run(second / "c", [{"epoch": 1, "knn_top1": 0.4}], status="interrupted", epoch=1)
+    out = tmp_path / "out.json"
+    study.main(["pack", f"--plan={plan}", f"--out={out}", "--ended", str(earlier), str(second)])
+    runs = json.loads(out.read_text())["runs"]
+    assert list(runs) == ["a", "b"]  # c was stopped: left out
+    assert runs["a"]["date"] == "2000-01-01" and runs["a"]["metrics"]["knn_top1"] == 0.7
+    assert runs["b"]["status"] == "finished" and runs["b"]["metrics"]["knn_top1"] == 0.8
+    study.main(["pack", f"--plan={plan}", f"--out={out}", str(earlier), str(second)])
+    assert list(json.loads(out.read_text())["runs"]) == ["a", "b", "c"]
+    other = write(tmp_path / "other.plan", "a --seed=0\n")
+    with pytest.raises(SystemExit, match="not .*other.plan"):
+        study.main(["pack", f"--plan={other}", f"--out={out}", str(earlier)])
+
+
 PICTURES = {"recipe-mc4-seeds.png", "claim-a-methods-200-zoom.png", "claim-a-ema-seeds-200.png",
             "claim-bc-simaffinity.png", "knn-new-methods.png"}
 
@@ -294,12 +321,34 @@ def test_the_curated_results_draw_every_figure_of_the_reproduction_page(tmp_path
         assert f"(../../benchmarks/results/study/{name})" in reproduction, name
 
 
+def test_every_config_the_full_schedule_covers_quotes_its_numbers_in_its_header_and_the_readme():
+    """A config whose 3 seeds of full_schedule.json all finished quotes their kNN and linear top-1 (mean ± std)
+    in its own header and in README's results table, so neither drifts from the curated results."""
+    tables, _ = report.study([str(REPO_ROOT / "benchmarks" / "results" / "study" / "full_schedule.json")])
+    readme = (REPO_ROOT / "README.md").read_text()
+    quoted = 0
+    for row in tables[0]["rows"]:
+        if row["n"] < 3 or row["failed"] or row["unfinished"]:
+            continue
+        config = "configs/" + row["configuration"].removeprefix("full.").replace(".", "/") + ".flags"
+        header = "".join(line for line in (REPO_ROOT / config).read_text().splitlines(True) if line.startswith("#"))
+        header = " ".join(header.replace("#", " ").split())
+        line = next((l for l in readme.splitlines() if l.startswith(f"| `{config.removeprefix('configs/')}`")), "")
+        for key in ("knn", "linear"):
+            mean, std = row[key]["mean"], row[key]["std"]
+            assert f"{mean:.4f} +- {std:.4f}" in header, (config, key)
+            assert f"| {mean:.4f} ± {std:.4f} |" in line, (config, key, line)
+        assert f"| {row['epochs']} |" in line
+        quoted += 1
+    assert quoted >= 1
+
+
 def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_results(tmp_path):
     """benchmarks/study/reproduce.sh with a stand-in interpreter whose "training" writes a finished run:
     every run of the three plans trains once and is evaluated, each plan gets its report with seeds, the
     figures are drawn from the new results folders, not the curated ones; a second call starts nothing
     again; with no time left, nothing starts and the exit status says runs remain; a generated plan runs
-    without linear evaluation when asked."""
+    without linear evaluation when asked, or only the runs named."""
     import os
     import subprocess
     calls, plot_calls = tmp_path / "calls.txt", tmp_path / "plot-calls.txt"
@@ -310,7 +359,7 @@ def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_re
         "echo '{\"status\": \"finished\", \"knn_top1\": 0.85, \"steps\": 10}' > \"$d/$n/metrics.json\"\n")
     evaluates = "case \"$*\" in *uniclr_tf.linear_eval*) echo '{\"linear\": {\"top1\": 0.9}}' > \"$d/linear_eval.json\"; exit 0 ;; esac\n"
     fake = _stand_in_python(tmp_path / "fake-python", calls, evaluates + trains)
-    env = {k: v for k, v in os.environ.items() if k not in ("T", "MIN_START", "LINEAR_EVAL", "DIRS", "PLOTS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("T", "MIN_START", "LINEAR_EVAL", "DIRS", "PLOTS", "ONLY")}
     env.update(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", STUDY_PYTHON=str(fake),
                RUNS_DIR=str(tmp_path / "runs"), GPUS=",".join(str(i) for i in range(32)),
                PYTHON=str(_recording_python(tmp_path / "py", plot_calls)))
@@ -358,6 +407,14 @@ def test_reproduce_runs_every_plan_then_the_tables_and_the_plots_from_its_own_re
     new = calls.read_text().splitlines()[before:]
     assert len(new) == len(study.read_plan(REPO_ROOT / "benchmarks" / "study" / "robustness.plan")[1])
     assert not any("uniclr_tf.linear_eval" in line for line in new)
+    # some runs of a plan only: those two train and are evaluated, and the status says runs remain
+    before = len(calls.read_text().splitlines())
+    some = reproduce(tmp_path / "some", PLANS="full_schedule", ONLY="full.methods.swav-s0,full.methods.swav-s2")
+    new = calls.read_text().splitlines()[before:]
+    assert some.returncode == 3, some.stdout + some.stderr
+    assert sorted(line.split("--run_name=")[1].split()[0] for line in new if "uniclr_tf.train" in line) == \
+        ["full.methods.swav-s0", "full.methods.swav-s2"]
+    assert sum("uniclr_tf.linear_eval" in line for line in new) == 2
     assert reproduce(tmp_path / "nope", PLANS="nope").returncode == 2
 
 

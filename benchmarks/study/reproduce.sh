@@ -5,7 +5,7 @@
 # configuration the seeds run and failed, kNN and linear top-1 as mean +- std, wall clock and images/s) and
 # the figures drawn from these runs (RES/plots/).
 #   [PLANS="recipe methods200 claims"] [RES=DIR] [RUNS_DIR=DIR] [T=seconds] [GPUS=0,1,...] [PER_GPU=1] \
-#     [LINEAR_EVAL=none] bash benchmarks/study/reproduce.sh
+#     [LINEAR_EVAL=none] [ONLY=NAME,...] bash benchmarks/study/reproduce.sh
 #   PLANS=robustness PER_GPU=2 LINEAR_EVAL=none bash benchmarks/study/reproduce.sh    # every shipped config, 5 seeds
 #   PLANS=full_schedule bash benchmarks/study/reproduce.sh                            # every shipped config, 3 seeds
 # The default PLANS are 114 runs, about 9 GPU-hours on H100s (a two-view 200-epoch run ~6 min, a 50-epoch run
@@ -19,6 +19,7 @@
 # still going get SIGTERM (a backup, then exit) and are killed 90 s later if need be; the reports and figures
 # follow, so give T about 2 minutes less than a hard limit. LINEAR_EVAL: the linear evaluation's flags
 # (default: augmentation on the device, so a machine with JAX only runs all of it), "none" for none.
+# ONLY: these runs of the plans only (comma-separated names; the reports still cover every run the results hold).
 # PYTHON: the figures' interpreter (needs matplotlib; without it the reports are written and the figures
 # skipped). A generated plan (robustness, full_schedule) must match `python -m benchmarks.study plan NAME`.
 # Exit status: 0 when every run of the plans finished, 3 while some have not (run the command again; a run that
@@ -52,7 +53,7 @@ for plan in $PLANS; do
   fi
   python3 -m benchmarks.study --plan="benchmarks/study/$plan.plan" --out="$RES/$plan" --runs_dir="$RUNS_DIR" \
     --time_limit="$limit" --min_start="$MIN_START" --per_gpu="${PER_GPU:-1}" --python="$STUDY_PYTHON" \
-    ${GPUS:+--gpus="$GPUS"} "${extra[@]}" >> "$RES/$plan.log" 2>&1 \
+    ${GPUS:+--gpus="$GPUS"} ${ONLY:+--only="$ONLY"} "${extra[@]}" >> "$RES/$plan.log" 2>&1 \
     || { echo "reproduce: $plan: the study failed (see $RES/$plan.log)" >&2; failed=1; }
 done
 left=0; folders=()
