@@ -111,10 +111,10 @@ def test_the_map_check_notices_a_module_it_does_not_name():
     assert named_in("see uniclr_tf.training.cli", "uniclr_tf.training.cli", Path("uniclr_tf/training/cli.py"))
 
 
-@pytest.mark.parametrize("page", ["reproduction", "speed", "scaling"])
+@pytest.mark.parametrize("page", ["reproduction", "full_schedule", "speed", "scaling"])
 def test_each_results_page_is_short_and_says_how_to_regenerate_its_tables(page):
     text = (REPO_ROOT / "docs" / "results" / f"{page}.md").read_text()
     assert len(text.splitlines()) <= 250, page
-    assert f"python -m benchmarks.report {'study' if page == 'reproduction' else page}" in text
+    assert f"python -m benchmarks.report {'study' if page in ('reproduction', 'full_schedule') else page}" in text
     for linked in re.findall(r"\]\((\.\./\.\./[^)#]+)\)", text):
         assert (REPO_ROOT / "docs" / "results" / linked).resolve().exists(), linked
