@@ -158,6 +158,10 @@ def pack(plan, paths, card=None, ended=False):
     from benchmarks import report
     _, runs = read_plan(plan)
     today = time.strftime("%Y-%m-%d", time.gmtime())
+
+    def finished(run):  # trained to its end (a stopped linear evaluation still leaves its kNN)
+        return report.outcome(run)[0] == "finished"
+
     found = {}
     for path in paths:
         if os.path.isdir(path):
@@ -171,7 +175,7 @@ def pack(plan, paths, card=None, ended=False):
                 raise SystemExit(f"pack: {path} packs {data.get('plan')!r}, not {plan}")
             here = {name: {**run, "date": run.get("date", data.get("date"))} for name, run in data["runs"].items()}
         for name, run in here.items():
-            if name not in found or (found[name]["status"] != "finished" and run["status"] == "finished"):
+            if name not in found or (not finished(found[name]) and finished(run)):
                 found[name] = run
     names = [name for name, _flags in runs if name in found
              and not (ended and report.outcome(found[name])[0] == "unfinished")]
