@@ -912,16 +912,16 @@ def roofline(trace_path, hlo_path, bench_path=None, peak_gbps=0.0, gap_ms=2.5, m
     kinds = collections.defaultdict(lambda: {"kernels": 0, "ms": 0.0, "bytes": 0, "matched_ms": 0.0})
     per_kernel = collections.defaultdict(lambda: {"ms": 0.0, "bytes": 0, "calls": 0})
     for kernels in steps:
-        for e in kernels:
-            kind, key = kernel_kind(e["name"]), kernel_key(e["name"])
-            k = kinds[kind]
+        for e in kernels:  # each kernel's share of one step
+            key, ms = kernel_key(e["name"]), e.get("dur", 0) / 1e3 / n
+            k = kinds[kernel_kind(e["name"])]
             k["kernels"] += 1 / n
-            k["ms"] += e.get("dur", 0) / 1e3 / n
+            k["ms"] += ms
             if key in fusion_bytes:
                 k["bytes"] += fusion_bytes[key] / n
-                k["matched_ms"] += e.get("dur", 0) / 1e3 / n
+                k["matched_ms"] += ms
                 pk = per_kernel[key]
-                pk["ms"] += e.get("dur", 0) / 1e3 / n
+                pk["ms"] += ms
                 pk["bytes"] += fusion_bytes[key] / n
                 pk["calls"] += 1 / n
     total = sum(k["ms"] for k in kinds.values())

@@ -4,8 +4,9 @@ Keras' ``MaxPooling2D`` differentiates, on JAX, as XLA's reduce-window chooser: 
 32-bit index array per spatial dimension and window corner, and the backward pass scatters the output's
 gradient into the input (ResNet-50 at 224 px, batch 2 × 128 views on an H200: about 2 ms a step, 5 % of
 it, for its one stem pool). :class:`MaxPooling2D` computes the same values and the same gradient from an
-``int8`` index of the winning window position (``int32`` beyond 127 positions), and its backward is a gather: each input position sums
-the gradients of the (at most ⌈k/s⌉²) windows it won, one fused elementwise pass over the input.
+``int8`` index of the winning window position (``int32`` beyond 127 positions), and its backward is a
+gather: each input position sums the gradients of the (at most ⌈k/s⌉²) windows it won, one fused
+elementwise pass over the input.
 
 Ties go to the first position of the window in row-major order (``>`` keeps the earlier one), so the
 gradient of a window reaches exactly one input. The fast path is taken on JAX for channels-last inputs;
@@ -55,9 +56,8 @@ def _max_pool_fn(size, strides, in_hw):
     def pool(x):
         return _pool_argmax(x, size, strides, out_hw)[0]
 
-    def forward(x):
-        y, idx = _pool_argmax(x, size, strides, out_hw)
-        return y, idx
+    def forward(x):  # the output and, as the residual, the winners' positions
+        return _pool_argmax(x, size, strides, out_hw)
 
     def backward(idx, g):
         acc = jnp.promote_types(g.dtype, jnp.float32)  # bfloat16 sums in float32

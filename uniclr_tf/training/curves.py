@@ -63,10 +63,9 @@ def plot_curves(epochs, path, title="", reference=None):
 
 def start_drawing(epochs, path, title="", reference=None):
     """:func:`plot_curves` in a child process (this interpreter; the folder holding this package first on its
-    path unless it is there already); returns
-    its ``subprocess.Popen`` (``poll()`` / ``wait()``), which deletes the job file it is given. The child
-    prints a warning and exits 0 when it cannot draw; a child that cannot be started draws here instead
-    (None is returned)."""
+    path unless it is there already); returns its ``subprocess.Popen`` (``poll()`` / ``wait()``), which
+    deletes the job file it is given. The child prints a warning and exits 0 when it cannot draw; a child
+    that cannot be started draws here instead (None is returned)."""
     fd, job = tempfile.mkstemp(prefix="uniclr-curves-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump({"epochs": epochs, "path": os.path.abspath(path), "title": title, "reference": reference}, f,
