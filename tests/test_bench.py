@@ -196,6 +196,25 @@ def test_bad_sections_flag_is_a_usage_error():
     assert "--sections" in proc.stderr and "'x'" in proc.stderr
 
 
+def test_zca_eigh_times_every_implementation_against_the_float64_whitening(capsys):
+    from benchmarks import zca_eigh
+
+    cov = zca_eigh.covariances(24, count=2)
+    w = zca_eigh.whitening_reference(cov, 0.01)
+    for c, m in zip(cov, w):  # W (Σ + εI) W = I: the ZCA whitening of Σ with ε
+        np.testing.assert_allclose(m @ (c + 0.01 * np.eye(24)) @ m, np.eye(24), atol=1e-9)
+        np.testing.assert_allclose(m, m.T, atol=1e-12)
+    zca_eigh.main(["--n=24", "--repeats=1"])
+    rows = {r.split("|")[1].strip(): r for r in capsys.readouterr().out.splitlines()[3:]}
+    assert "default" in rows
+    timed = [r for r in rows.values() if "not available" not in r]
+    for row in timed:
+        four, batched, error = (float(x) for x in row.split("|")[2:5])
+        assert four > 0 and batched > 0 and error < 1e-4
+    with pytest.raises(SystemExit):
+        zca_eigh.main(["--n=1"])
+
+
 # ------------------------------------------------------------------------------------------------
 # Cheap whitening: feature groups
 
