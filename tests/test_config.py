@@ -149,6 +149,11 @@ def test_sub_configs_validate_their_own_fields_and_train_config_the_shared_ones(
         TrainConfig.make(num_processes=4, strategy="data_parallel", batch_size=6, method="simclr")
     with pytest.raises(TypeError, match="no_such_field"):
         TrainConfig.from_flat({"no_such_field": 1})
+    with pytest.raises(UsageError, match=r"--lars_eta: expected a number > 0; received 0.0"):
+        OptimConfig(lars_eta=0.0)
+    for field, value in (("lars_eta", 0.02), ("lars_clip_lr", True)):
+        with pytest.raises(UsageError, match=rf"--{field}: expected a LARS option: --optimizer=lars"):
+            OptimConfig(optimizer="sgd", **{field: value})
 
 
 def test_a_flat_config_json_and_flags_txt_written_before_still_load_and_resume(tmp_path):
@@ -163,10 +168,13 @@ def test_a_flat_config_json_and_flags_txt_written_before_still_load_and_resume(t
                                                                                    (512, 512, 128))
     assert (old.optim.batch_size, old.optim.warmup_epochs, old.evaluation.knn_max_train) == (256, 0.5, 20000)
     assert old.options == FLAT_CONFIG_JSON["method_options"] and old.invocation.profile_steps == ()
-    assert old.to_flagfile() == FLAT_FLAGS_TXT  # the same flags.txt is written
-    added = {"check_duplicates": True}  # invocation fields added since, at their defaults
+    # the same flags.txt and config.json are written, with the settings added since at their defaults
+    assert "--momentum=0.9\n" in FLAT_FLAGS_TXT
+    assert old.to_flagfile() == FLAT_FLAGS_TXT.replace("--momentum=0.9\n", "--momentum=0.9\n--lars_eta=0.001\n"
+                                                       "--nolars_clip_lr\n")
+    added = {"check_duplicates": True, "lars_eta": 0.001, "lars_clip_lr": False}
     assert {k: v for k, v in json.loads(old.to_json()).items()} == {
-        **{k: v for k, v in FLAT_CONFIG_JSON.items() if k != "views"}, **added}  # and the same config.json fields
+        **{k: v for k, v in FLAT_CONFIG_JSON.items() if k != "views"}, **added}
     replayed = train.config_from_flags(_flag_values(f"--flagfile={run_dir / 'flags.txt'}",
                                                     f"--run_dir={tmp_path / 'runs'}"))
     assert replayed.differences(old) == []

@@ -23,9 +23,11 @@ HYPER = dict(learning_rate=2.0, momentum=0.9, weight_decay=0.1, eta=0.05)
 # --- float64 reference ---------------------------------------------------------------------
 
 def lars_reference(weights, grads_per_step, learning_rate, momentum, weight_decay, eta,
-                   epsilon=0.0, nesterov=False, decay=None, adapt=None, double_decay=False):
+                   epsilon=0.0, nesterov=False, clip_lr=False, decay=None, adapt=None, double_decay=False):
     """SimCLR/BYOL LARS in float64. ``decay`` / ``adapt``: per-variable flags (default: ndim > 1).
 
+    ``clip_lr=True`` is LARC's clipping as NVIDIA apex and solo-learn write it: the adapted step
+    ``lr · min(trust / lr, 1)``.
     ``double_decay=True`` adds what the Keras base optimizer would do if LARS also handed it its
     coefficient: a decoupled ``w ← w − lr·wd·w`` on every variable before the LARS step.
     """
@@ -41,13 +43,14 @@ def lars_reference(weights, grads_per_step, learning_rate, momentum, weight_deca
             g = np.array(g, np.float64)
             if decay[i]:
                 g = g + weight_decay * w[i]
-            trust = 1.0
+            rate = lr
             if adapt[i]:
                 w_norm, g_norm = np.linalg.norm(w[i]), np.linalg.norm(g)
                 if w_norm > 0 and g_norm > 0:
                     trust = eta * w_norm / (g_norm + epsilon)
-            v[i] = momentum * v[i] + lr * trust * g
-            w[i] = w[i] - (momentum * v[i] + lr * trust * g if nesterov else v[i])
+                    rate = lr * (min(trust / lr, 1.0) if clip_lr and lr > 0 else 0.0 if clip_lr else trust)
+            v[i] = momentum * v[i] + rate * g
+            w[i] = w[i] - (momentum * v[i] + rate * g if nesterov else v[i])
     return w
 
 
@@ -102,8 +105,38 @@ def test_golden_values_tf(variant, graph):
     assert len(opt.variables) == 2 + (0 if hyper["momentum"] == 0 else len(weights))
 
 
+class _PerStep(keras.optimizers.schedules.LearningRateSchedule):
+    """The learning rate of each step from a list (lr 0 first, as a warm-up starts)."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def __call__(self, step):
+        return keras.ops.take(keras.ops.convert_to_tensor(self.values, "float32"), keras.ops.cast(step, "int32"))
+
+    def get_config(self):
+        return {"values": self.values}
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
+def test_clip_lr_caps_the_adapted_rate_at_the_schedule(graph):
+    """LARC's clipping against the float64 reference over a schedule that is 0, below the trust ratio
+    (the rate is the schedule's) and above it (the rate is the trust ratio's, not lr·trust)."""
+    values = [0.0, 0.01, 0.5, 2.0]
+    names, weights, grads = make_case(steps=len(values))
+    hyper = {**HYPER, "learning_rate": None}
+    got, _ = run_tf(weights, grads, names, graph=graph, **{**hyper, "learning_rate": _PerStep(values)},
+                    clip_lr=True)
+    expected = lars_reference(weights, grads, **{**hyper, "learning_rate": values.__getitem__}, clip_lr=True)
+    assert_close(got, expected)
+    unclipped = lars_reference(weights, grads, **{**hyper, "learning_rate": values.__getitem__})
+    assert not np.allclose(expected[0], unclipped[0], atol=1e-3)  # the clip changes the kernels' steps
+    np.testing.assert_allclose(expected[1], unclipped[1], atol=ATOL)  # and leaves vectors (rate lr) alone
+
+
 def test_golden_values_jax(run_python):
-    """The same numbers on the JAX backend, eagerly and through jax.jit(stateless_apply); and
+    """The same numbers on the JAX backend, eagerly (also with LARC's clipping) and through
+    jax.jit(stateless_apply); and
     one epoch of fit() (the JAX trainer's jitted stateless path)."""
     names, weights, grads = make_case()
     payload = json.dumps({"weights": [w.tolist() for w in weights],
@@ -124,6 +157,12 @@ def test_golden_values_jax(run_python):
         eager = [np.asarray(v).tolist() for v in variables]
 
         variables = [keras.Variable(w, name=n) for w, n in zip(weights, case["names"])]
+        clipped = LARS(**{{**case["hyper"], "learning_rate": 0.01, "clip_lr": True}})
+        for step in grads:
+            clipped.apply(step, variables)
+        clip = [np.asarray(v).tolist() for v in variables]
+
+        variables = [keras.Variable(w, name=n) for w, n in zip(weights, case["names"])]
         opt = LARS(**case["hyper"])
         opt.build(variables)
         step_fn = jax.jit(opt.stateless_apply)
@@ -140,7 +179,7 @@ def test_golden_values_jax(run_python):
         rng = np.random.default_rng(0)
         x, y = rng.normal(size=(16, 4, 4, 2)), rng.normal(size=(16, 2))
         loss = model.fit(x, y, batch_size=4, epochs=1, verbose=0).history["loss"][0]
-        print(json.dumps({{"backend": keras.backend.backend(), "eager": eager, "jit": jitted,
+        print(json.dumps({{"backend": keras.backend.backend(), "eager": eager, "jit": jitted, "clip": clip,
                            "iterations": int(opt_vars[0]), "fit_loss": float(loss),
                            "fit_iterations": int(model.optimizer.iterations)}}))
     """, backend="jax")
@@ -148,6 +187,8 @@ def test_golden_values_jax(run_python):
     expected = lars_reference(weights, grads, **HYPER)
     assert_close([np.asarray(w) for w in out["eager"]], expected)
     assert_close([np.asarray(w) for w in out["jit"]], expected)
+    assert_close([np.asarray(w) for w in out["clip"]],
+                 lars_reference(weights, grads, **{**HYPER, "learning_rate": 0.01}, clip_lr=True))
     assert out["iterations"] == len(grads)
     assert np.isfinite(out["fit_loss"]) and out["fit_iterations"] == 4
 
@@ -264,7 +305,7 @@ def test_keras_exclude_from_weight_decay_api():
 @pytest.mark.parametrize("kwargs, quoted", [
     ({"momentum": 1.5}, "1.5"), ({"momentum": -0.1}, "-0.1"), ({"weight_decay": -1e-6}, "-1e-06"),
     ({"eta": 0.0}, "0.0"), ({"epsilon": -1.0}, "-1.0"), ({"nesterov": "yes"}, "yes"),
-    ({"exclude_from_adaptation": [3]}, "[3]"), ({"exclude_from_weight_decay": ["("]}, "("),
+    ({"clip_lr": 1}, "clip_lr=1"), ({"exclude_from_adaptation": [3]}, "[3]"), ({"exclude_from_weight_decay": ["("]}, "("),
 ])
 def test_invalid_arguments_raise(kwargs, quoted):
     with pytest.raises(ValueError, match=None) as err:
@@ -274,7 +315,7 @@ def test_invalid_arguments_raise(kwargs, quoted):
 
 def test_config_round_trip_and_serialization():
     opt = LARS(learning_rate=WarmupCosine(0.05, 512, 100, 10), momentum=0.8, weight_decay=1e-4,
-               eta=0.002, epsilon=1e-9, nesterov=True, exclude_from_adaptation=["bn"],
+               eta=0.002, epsilon=1e-9, nesterov=True, clip_lr=True, exclude_from_adaptation=["bn"],
                exclude_from_weight_decay="bias", exclude_vectors=False, clipnorm=1.0,
                name="my_lars")
     config = opt.get_config()
@@ -283,8 +324,8 @@ def test_config_round_trip_and_serialization():
     assert params <= set(config), f"missing from get_config: {params - set(config)}"
     restored = LARS.from_config(copy.deepcopy(config))  # Keras's from_config edits its argument
     assert restored.get_config() == config
-    assert (restored.momentum, restored.eta, restored.epsilon, restored.nesterov) == (
-        0.8, 0.002, 1e-9, True)
+    assert (restored.momentum, restored.eta, restored.epsilon, restored.nesterov, restored.clip_lr) == (
+        0.8, 0.002, 1e-9, True, True)
     assert restored.exclude_from_adaptation_patterns == ("bn",) and not restored.exclude_vectors
     assert restored.weight_decay is None and restored.lars_weight_decay == 1e-4
 

@@ -245,3 +245,17 @@ def test_build_optimizer_classes_and_lars_exclusions():
     with pytest.raises(ValueError, match=r"one of \('lars', 'sgd', 'adamw'\)"):
         build_optimizer("adam", 0.1)
     assert optimizers.OPTIMIZER_NAMES == ("lars", "sgd", "adamw")
+    with pytest.raises(ValueError, match="eta and clip_lr are LARS options"):
+        build_optimizer("sgd", 0.1, clip_lr=True)
+
+
+def test_the_train_cli_hands_lars_its_trust_coefficient_and_clipping():
+    """--lars_eta / --lars_clip_lr reach the LARS the train CLI builds; the defaults are the paper's."""
+    from uniclr_tf.config.train_config import TrainConfig
+    from uniclr_tf.training import cli
+
+    lars = cli.build_optimizer(TrainConfig.make(optimizer="lars", lars_eta=0.02, lars_clip_lr=True), 10)
+    assert (lars.eta, lars.clip_lr) == (0.02, True)
+    default = cli.build_optimizer(TrainConfig.make(optimizer="lars"), 10)
+    assert (default.eta, default.clip_lr) == (0.001, False)
+    assert type(cli.build_optimizer(TrainConfig.make(optimizer="sgd"), 10)) is optimizers.SGD

@@ -184,6 +184,11 @@ class OptimConfig(_Section):
     weight_decay: float = flag(1e-6, "Weight decay (LARS/SGD add it to the gradient; biases and BN excluded for "
                                      "LARS).")
     momentum: float = flag(0.9, "Optimizer momentum.")
+    lars_eta: float = flag(0.001, "LARS's trust coefficient (the paper, SimCLR, BYOL: 0.001; solo-learn's CIFAR "
+                                  "configs: 0.02 with --lars_clip_lr).")
+    lars_clip_lr: bool = flag(False, "LARS with LARC's clipping: an adapted layer moves at min(eta*|w|/|g|, lr) "
+                                     "instead of lr*eta*|w|/|g|, the schedule only capping the rate (NVIDIA apex, "
+                                     "solo-learn).")
     warmup_epochs: float = flag(10.0, "Linear warm-up epochs before the cosine decay.")
     epochs: int = flag(100, "Training epochs (the length of the learning-rate schedule).")
     stop_at_epoch: int = flag(0, "Train only the first N epochs of the --epochs schedule, then finish the run as "
@@ -197,6 +202,10 @@ class OptimConfig(_Section):
         check(self.base_learning_rate > 0, "base_learning_rate", "a number > 0")
         check(self.weight_decay >= 0, "weight_decay", "a number >= 0")
         check(0 <= self.momentum < 1, "momentum", "a number in [0, 1)")
+        check(self.lars_eta > 0, "lars_eta", "a number > 0")
+        lars_only = "a LARS option: --optimizer=lars, or its default"
+        check(self.optimizer == "lars" or self.lars_eta == 0.001, "lars_eta", lars_only)
+        check(self.optimizer == "lars" or not self.lars_clip_lr, "lars_clip_lr", lars_only)
         check(self.warmup_epochs >= 0, "warmup_epochs", "a number >= 0")
         check(self.epochs >= 1, "epochs", "an integer >= 1")
         check(self.warmup_epochs <= self.epochs, "warmup_epochs", f"at most --epochs={self.epochs}")

@@ -115,6 +115,7 @@ def build_optimizer(cfg, steps_per_epoch, method=None):
     method = method if method is not None else cfg.build_method()
     fixed = ["predictor"] if method.options.get("predictor_fixed_lr") else []
     return make_optimizer(optim.optimizer, schedule, momentum=optim.momentum, weight_decay=optim.weight_decay,
+                          eta=optim.lars_eta, clip_lr=optim.lars_clip_lr,
                           exclude_from_adaptation=probe if optim.optimizer == "lars" else (),
                           exclude_from_weight_decay=probe, fixed_lr_patterns=fixed,
                           fixed_learning_rate=schedule.peak_learning_rate if fixed else None)

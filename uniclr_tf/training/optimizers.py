@@ -10,6 +10,7 @@ and batch-norm parameters excluded from decay and adaptation). For a parameter `
     v ← momentum·v + lr·trust·g
     w ← w − v                                     (Nesterov: w ← w − (momentum·v + lr·trust·g))
 
+With ``clip_lr`` (LARC's clipping) an adapted parameter's rate ``lr·trust`` becomes ``min(trust, lr)``.
 The decay is added to the gradient once, *before* the trust ratio, so it also enters ``‖g‖``.
 The Keras base optimizer would additionally apply its own decoupled decay (``w ← w − lr·wd·w``)
 whenever its ``weight_decay`` attribute is set, so a LARS that handed it the coefficient would
@@ -78,6 +79,10 @@ class LARS(keras.optimizers.Optimizer):
         eta: float > 0, the trust coefficient η.
         epsilon: float >= 0 added to ``‖g‖`` in the trust ratio (0, as SimCLR and BYOL).
         nesterov: bool, Nesterov momentum.
+        clip_lr: bool, default False. LARC's clipping (NVIDIA apex's ``LARC(clip=True)``, solo-learn's
+            ``clip_lars_lr``, which its CIFAR configs use with η = 0.02): an adapted parameter moves at
+            ``min(η·‖w‖/‖g‖, lr)`` instead of ``lr·η·‖w‖/‖g‖``, so the trust ratio sets the rate and the
+            schedule only caps it.
         exclude_from_adaptation: None, a string or a list of strings; parameters whose name
             matches one of them (``re.search`` on ``variable.path``, or on ``.name`` for raw
             ``tf.Variable``s) keep a trust ratio of 1. Plain substrings such as ``"bias"`` work.
@@ -101,7 +106,7 @@ class LARS(keras.optimizers.Optimizer):
     """
 
     def __init__(self, learning_rate, momentum=0.9, weight_decay=1e-6, eta=0.001,
-                 epsilon=0.0, nesterov=False, exclude_from_adaptation=None,
+                 epsilon=0.0, nesterov=False, clip_lr=False, exclude_from_adaptation=None,
                  exclude_from_weight_decay=None, exclude_vectors=True, trust_ratio=True, name="lars",
                  fixed_learning_rate=None, fixed_lr_patterns=None, **kwargs):
         # Never forward LARS's decay to the base class: it would apply a second, decoupled decay.
@@ -113,6 +118,9 @@ class LARS(keras.optimizers.Optimizer):
         if not isinstance(nesterov, bool):
             raise ValueError(f"`nesterov` must be a bool. Received: nesterov={nesterov!r}")
         self.nesterov = nesterov
+        if not isinstance(clip_lr, bool):
+            raise ValueError(f"`clip_lr` must be a bool. Received: clip_lr={clip_lr!r}")
+        self.clip_lr = clip_lr
         if not isinstance(exclude_vectors, bool):
             raise ValueError(
                 f"`exclude_vectors` must be a bool. Received: exclude_vectors={exclude_vectors!r}")
@@ -216,7 +224,10 @@ class LARS(keras.optimizers.Optimizer):
                 both_positive,
                 ops.cast(self.eta, dtype) * w_norm / safe_denominator,
                 ops.ones_like(w_norm))
-            lr = lr * trust
+            if self.clip_lr:  # lr · min(trust / lr, 1) = min(trust, lr) (0 where lr is 0)
+                lr = ops.where(both_positive, ops.minimum(trust, lr), lr)
+            else:
+                lr = lr * trust
 
         scaled_grad = ops.multiply(grad, lr)
         if self.momentum == 0.0:
@@ -239,6 +250,7 @@ class LARS(keras.optimizers.Optimizer):
             "eta": self.eta,
             "epsilon": self.epsilon,
             "nesterov": self.nesterov,
+            "clip_lr": self.clip_lr,
             "exclude_from_adaptation": list(self.exclude_from_adaptation_patterns),
             "exclude_from_weight_decay": list(self.exclude_from_weight_decay_patterns),
             "exclude_vectors": self.exclude_vectors,
@@ -269,7 +281,7 @@ class SGD(LARS):
 
     def __init__(self, learning_rate, momentum=0.9, weight_decay=0.0, nesterov=False,
                  exclude_from_weight_decay=None, exclude_vectors=False, name="sgd", **kwargs):
-        for key in ("trust_ratio", "eta", "epsilon", "exclude_from_adaptation"):  # from get_config
+        for key in ("trust_ratio", "eta", "epsilon", "clip_lr", "exclude_from_adaptation"):  # from get_config
             kwargs.pop(key, None)
         super().__init__(learning_rate, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                          exclude_from_weight_decay=exclude_from_weight_decay,
@@ -281,7 +293,8 @@ OPTIMIZER_NAMES = ("lars", "sgd", "adamw")
 
 
 def build_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, exclude_from_adaptation=(),
-                    exclude_from_weight_decay=(), nesterov=False, fixed_learning_rate=None, fixed_lr_patterns=()):
+                    exclude_from_weight_decay=(), nesterov=False, fixed_learning_rate=None, fixed_lr_patterns=(),
+                    eta=0.001, clip_lr=False):
     """The optimizer called ``name``, built the one way the project builds it.
 
     Args:
@@ -298,20 +311,26 @@ def build_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, exclude
       nesterov: Nesterov momentum (LARS and SGD; e.g. SimCLR's fine-tuning).
       fixed_learning_rate, fixed_lr_patterns: LARS and SGD: parameters matching the patterns take
         the constant ``fixed_learning_rate`` instead of the schedule (SimSiam's predictor).
+      eta, clip_lr: LARS only: the trust coefficient and LARC's clipping (:class:`LARS`).
 
     Returns:
       ``LARS``, :class:`SGD` (this module's, PyTorch's rule) or ``keras.optimizers.AdamW``.
 
     Raises:
-      ValueError: unknown ``name``, or exclusions for SGD / AdamW.
+      ValueError: unknown ``name``, exclusions for SGD / AdamW, or LARS's ``eta`` / ``clip_lr`` changed
+        for another optimizer.
     """
     if name not in OPTIMIZER_NAMES:
         raise ValueError(f"optimizer must be one of {OPTIMIZER_NAMES}; received {name!r}")
     adaptation = _as_patterns(exclude_from_adaptation, "exclude_from_adaptation")
     decay = _as_patterns(exclude_from_weight_decay, "exclude_from_weight_decay")
     fixed = dict(fixed_learning_rate=fixed_learning_rate, fixed_lr_patterns=list(fixed_lr_patterns) or None)
+    if name != "lars" and (eta != 0.001 or clip_lr):
+        raise ValueError(f"eta and clip_lr are LARS options; the {name} optimizer takes none "
+                         f"(received eta={eta!r}, clip_lr={clip_lr!r})")
     if name == "lars":
         return LARS(learning_rate, momentum=momentum, weight_decay=weight_decay, nesterov=bool(nesterov),
+                    eta=eta, clip_lr=clip_lr,
                     exclude_from_adaptation=list(adaptation) or None,
                     exclude_from_weight_decay=list(decay) or None, **fixed)
     if name == "sgd":
