@@ -106,9 +106,9 @@ class LARS(keras.optimizers.Optimizer):
     """
 
     def __init__(self, learning_rate, momentum=0.9, weight_decay=1e-6, eta=0.001,
-                 epsilon=0.0, nesterov=False, clip_lr=False, exclude_from_adaptation=None,
+                 epsilon=0.0, nesterov=False, exclude_from_adaptation=None,
                  exclude_from_weight_decay=None, exclude_vectors=True, trust_ratio=True, name="lars",
-                 fixed_learning_rate=None, fixed_lr_patterns=None, **kwargs):
+                 fixed_learning_rate=None, fixed_lr_patterns=None, clip_lr=False, **kwargs):
         # Never forward LARS's decay to the base class: it would apply a second, decoupled decay.
         super().__init__(learning_rate=learning_rate, weight_decay=None, name=name, **kwargs)
         self.momentum = self._check_float("momentum", momentum, 0.0, 1.0)
