@@ -48,7 +48,10 @@ def lars_reference(weights, grads_per_step, learning_rate, momentum, weight_deca
                 w_norm, g_norm = np.linalg.norm(w[i]), np.linalg.norm(g)
                 if w_norm > 0 and g_norm > 0:
                     trust = eta * w_norm / (g_norm + epsilon)
-                    rate = lr * (min(trust / lr, 1.0) if clip_lr and lr > 0 else 0.0 if clip_lr else trust)
+                    if not clip_lr:
+                        rate = lr * trust
+                    elif lr > 0:  # apex / solo-learn: lr · min(trust / lr, 1); at lr 0, no step
+                        rate = lr * min(trust / lr, 1.0)
             v[i] = momentum * v[i] + rate * g
             w[i] = w[i] - (momentum * v[i] + rate * g if nesterov else v[i])
     return w
@@ -136,8 +139,7 @@ def test_clip_lr_caps_the_adapted_rate_at_the_schedule(graph):
 
 def test_golden_values_jax(run_python):
     """The same numbers on the JAX backend, eagerly (also with LARC's clipping) and through
-    jax.jit(stateless_apply); and
-    one epoch of fit() (the JAX trainer's jitted stateless path)."""
+    jax.jit(stateless_apply); and one epoch of fit() (the JAX trainer's jitted stateless path)."""
     names, weights, grads = make_case()
     payload = json.dumps({"weights": [w.tolist() for w in weights],
                           "grads": [[g.tolist() for g in step] for step in grads],

@@ -115,19 +115,10 @@ class LARS(keras.optimizers.Optimizer):
         self.lars_weight_decay = self._check_float("weight_decay", weight_decay, 0.0, None)
         self.eta = self._check_float("eta", eta, 0.0, None, strict_low=True)
         self.epsilon = self._check_float("epsilon", epsilon, 0.0, None)
-        if not isinstance(nesterov, bool):
-            raise ValueError(f"`nesterov` must be a bool. Received: nesterov={nesterov!r}")
-        self.nesterov = nesterov
-        if not isinstance(clip_lr, bool):
-            raise ValueError(f"`clip_lr` must be a bool. Received: clip_lr={clip_lr!r}")
-        self.clip_lr = clip_lr
-        if not isinstance(exclude_vectors, bool):
-            raise ValueError(
-                f"`exclude_vectors` must be a bool. Received: exclude_vectors={exclude_vectors!r}")
-        self.exclude_vectors = exclude_vectors
-        if not isinstance(trust_ratio, bool):
-            raise ValueError(f"`trust_ratio` must be a bool. Received: trust_ratio={trust_ratio!r}")
-        self.trust_ratio = trust_ratio
+        self.nesterov = self._check_bool("nesterov", nesterov)
+        self.clip_lr = self._check_bool("clip_lr", clip_lr)
+        self.exclude_vectors = self._check_bool("exclude_vectors", exclude_vectors)
+        self.trust_ratio = self._check_bool("trust_ratio", trust_ratio)
         self.exclude_from_adaptation_patterns = _as_patterns(
             exclude_from_adaptation, "exclude_from_adaptation")
         self.exclude_from_weight_decay_patterns = _as_patterns(
@@ -154,6 +145,12 @@ class LARS(keras.optimizers.Optimizer):
             bounds = f"{'>' if strict_low else '>='} {low}" + (
                 f" and <= {high}" if high is not None else "")
             raise ValueError(f"`{arg}` must be {bounds}. Received: {arg}={value!r}")
+        return value
+
+    @staticmethod
+    def _check_bool(arg, value):
+        if not isinstance(value, bool):
+            raise ValueError(f"`{arg}` must be a bool. Received: {arg}={value!r}")
         return value
 
     # --- exclusion rules -------------------------------------------------------------------
