@@ -374,13 +374,16 @@ def scaling(paths, first_epoch=3):
                              "images_per_s": gpus * per_gpu * 1000 / ms["mean"] if ms else None,
                              "n": ms["n"] if ms else 0, "failed": v.get("failed", 0),
                              "epoch_end": stats(v.get("epoch_end_share_of_wall", [])), "mfu": stats(v.get("mfu", [])),
-                             "_peer": v.get("peer", False), "_run": v.get("run"), "_bn": v.get("batch_norm")})
+                             "_peer": v.get("peer", False), "_run": v.get("run"), "_bn": v.get("batch_norm"),
+                             "_options": name.split("+", 1)[1] if "+" in name else ""})
         timed = [o for o in job_rows if o["images_per_s"] and not o["_peer"]]
         for row in job_rows:
-            # weak scaling: the per-GPU rate over the one-GPU run's (g1; the same batch norm where the runs
-            # say) at the same images per GPU; strong: over GPUs x s1's, s1 being one GPU at this global batch
+            # weak scaling: the per-GPU rate over the one-GPU run's (g1; with the same scaling.sh options, e.g.
+            # launch+spe over g1+spe, or the same batch norm where the runs say, when the job has it) at the same
+            # images per GPU; strong: over GPUs x s1's, s1 being one GPU at this global batch
             ones = [o for o in timed if o["gpus"] == 1 and o["_run"] == "g1" and o["batch_per_gpu"] == row["batch_per_gpu"]]
-            ref = next((o for o in ones if o["_bn"] == row["_bn"]), ones[0] if ones else None)
+            ref = next((o for o in ones if o["_options"] == row["_options"] and o["_bn"] == row["_bn"]),
+                       next((o for o in ones if o["_bn"] == row["_bn"] and not o["_options"]), ones[0] if ones else None))
             ok = row["images_per_s"] and not row["_peer"] and row["_run"] != "s1"
             row["weak"] = row["images_per_s"] / row["gpus"] / ref["images_per_s"] if ok and ref else None
             s1 = next((o for o in timed if o["_run"] == "s1" and o["batch_per_gpu"] == row["gpus"] * row["batch_per_gpu"]), None)
@@ -388,7 +391,7 @@ def scaling(paths, first_epoch=3):
             peers = [o for o in job_rows if o["_peer"] and o["images_per_s"] and o["batch_per_gpu"] == row["batch_per_gpu"]]
             row["vs_peer"] = row["images_per_s"] / peers[0]["images_per_s"] if peers and row["gpus"] == 1 else None
         for row in job_rows:
-            row.pop("_peer"), row.pop("_run"), row.pop("_bn")
+            row.pop("_peer"), row.pop("_run"), row.pop("_bn"), row.pop("_options")
         rows += job_rows
     if rows:
         tables.append(table("Step time over GPUs: each repeat the median ms a step of its timed epochs", [

@@ -7,7 +7,7 @@
 # epochs FROM (3) on are timed (epoch 1 holds the compile).
 #
 #   GPUS=4 VARIANTS="g1 base launch" REPEATS=3 bash benchmarks/scaling.sh
-#   GPUS=2 VARIANTS="g1 g1+onepass launch launch+onepass" bash benchmarks/scaling.sh
+#   GPUS=2 VARIANTS="g1 g1+twopass launch launch+twopass" bash benchmarks/scaling.sh
 #   GPUS=4 VARIANTS="resume parity" bash benchmarks/scaling.sh        # the checks, no timing
 #
 # Variants (A+B: a run of A with option B):
@@ -18,10 +18,11 @@
 #   resume   launch stopped by SIGTERM to the launcher after epoch 1, then the same command again: it must
 #            resume and end with one continuous history (a check; its line in RUNS_DIR/checks.txt)
 #   parity   1 GPU and 1 process x 2 GPUs, the same flags and seed, 5 steps: their epoch-1 losses (a check)
-#   options  onepass (--batch_norm=global_one_pass), perdev (--batch_norm=per_device), knn (the kNN monitor
-#            every epoch on the whole bank), bind (launch --cpu_binding=gpu; indep: taskset, a share of the
-#            CPUs each), spe (4 steps compiled into one program, --steps_per_execution=4, on the first 57,344
-#            images: 112, 56 or 28 steps an epoch on 1, 2 or 4 GPUs), and XLA flags: lhs (latency-hiding
+#   options  onepass (--batch_norm=global_one_pass, the default), twopass (--batch_norm=global, Keras's
+#            two-pass statistics), perdev (--batch_norm=per_device), knn (the kNN monitor every epoch on the
+#            whole bank), bind (launch --cpu_binding=gpu; indep: taskset, a share of the CPUs each), spe (4
+#            steps compiled into one program, --steps_per_execution=4, on the first 57,344 images: 112, 56
+#            or 28 steps an epoch on 1, 2 or 4 GPUs), and XLA flags: lhs (latency-hiding
 #            scheduler), cmdbuf (collectives in CUDA graphs), sync (all-reduces on the compute stream), oneshot
 #            (XLA's one-shot all-reduce), sym (NCCL symmetric buffers), nocombine (no heuristic collective
 #            combining), noshard (every process autotunes)
@@ -85,7 +86,8 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
   kind=${v%%+*}
   for part in $(tr '+' ' ' <<< "${v#"$kind"}"); do
     case $part in
-      onepass) extra+=(--batch_norm=global_one_pass) ;; perdev) extra+=(--batch_norm=per_device) ;;
+      onepass) extra+=(--batch_norm=global_one_pass) ;; twopass) extra+=(--batch_norm=global) ;;
+      perdev) extra+=(--batch_norm=per_device) ;;
       knn) extra+=(--knn_every=1 --knn_max_train=0) ;; bind) bind=1 ;;
       spe) images=57344; extra+=(--steps_per_execution=4 --max_examples=$images) ;;
       lhs) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true" ;;

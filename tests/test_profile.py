@@ -201,14 +201,17 @@ def test_roofline_names_a_bad_input(tmp_path):
 
 def test_scaling_report_times_a_runs_dir_from_the_epoch_asked(tmp_path):
     """A scaling.sh RUNS_DIR: each repeat's ms a step is the median of its epochs from ``first_epoch`` on
-    (step_seconds / steps an epoch); weak efficiency is the per-GPU rate over the one-GPU variant's; a
-    repeat that exited non-zero is failed."""
+    (step_seconds / steps an epoch); weak efficiency is the per-GPU rate over the one-GPU variant's with the
+    same options where the job has one (base+spe over g1+spe), else the plain g1's; a repeat that exited
+    non-zero is failed."""
     from benchmarks import report
     runs = tmp_path / "runs"
-    for variant, gpus, seconds in (("g1", 1, (9.0, 1.0, 1.2, 1.0)), ("base", 2, (9.0, 2.0, 1.25, 1.25))):
+    for variant, gpus, seconds in (("g1", 1, (9.0, 1.0, 1.2, 1.0)), ("base", 2, (9.0, 2.0, 1.25, 1.25)),
+                                   ("g1+spe", 1, (9.0, 1.0, 0.8, 0.8)), ("base+spe", 2, (9.0, 1.0, 1.0, 1.0)),
+                                   ("base+sync", 2, (9.0, 1.0, 1.2, 1.2))):
         (runs / f"{variant}-r1").mkdir(parents=True)
         (runs / f"{variant}.json").write_text(json.dumps(
-            {"variant": variant, "run": variant, "gpus": gpus, "batch_per_gpu": 100, "layout": variant}))
+            {"variant": variant, "run": variant.split("+")[0], "gpus": gpus, "batch_per_gpu": 100, "layout": variant}))
         (runs / f"{variant}-r1.status").write_text("rc=0 seconds=20")
         (runs / f"{variant}-r1" / "config.json").write_text(json.dumps({"steps_per_epoch": 100}))
         (runs / f"{variant}-r1" / "history.json").write_text(json.dumps(
@@ -218,5 +221,7 @@ def test_scaling_report_times_a_runs_dir_from_the_epoch_asked(tmp_path):
     rows = {r["variant"]: r for r in report.scaling([str(runs)], first_epoch=3)[0]["rows"]}
     assert rows["g1"]["ms"]["mean"] == 11.0 and rows["base"]["ms"]["mean"] == 12.5  # epochs 3-4
     assert rows["base"]["weak"] == pytest.approx(11.0 / 12.5) and rows["base"]["failed"] == 1 and rows["base"]["n"] == 1
+    assert rows["base+spe"]["weak"] == pytest.approx(8.0 / 10.0)  # over g1+spe, not g1
+    assert rows["base+sync"]["weak"] == pytest.approx(11.0 / 12.0)  # no g1+sync: over g1
     rows = {r["variant"]: r for r in report.main(["scaling", str(runs), "--first_epoch=2"])[0]["rows"]}
     assert rows["g1"]["ms"]["mean"] == 10.0 and rows["base"]["ms"]["mean"] == 12.5  # medians of epochs 2-4
