@@ -17,6 +17,9 @@
      the steps counted at the bench's model-only rate; and the median time between two epochs
      outside steps and kNN (backups, history, curves).
 
+   From its ``metrics.json``: the whole process's wall clock by phase (start-up, data, model, raw-pixel
+   kNN, training, saving, final kNN, pictures), as the CLI clocked it.
+
 Prints a table and writes the JSON. Any flags after ``--`` go to the train command.
 ``--summarise=RUN_DIR --model_rate=N --process_seconds=S`` prints the same table for a run already
 made (e.g. a rerun of the CLI with the compilation cache warm, in a later job).
@@ -190,6 +193,9 @@ def summarise_run(run_dir, model_rate, cli_seconds, train_command):
         "final_knn_top1": metrics.get("knn_top1"), "raw_pixel_knn_top1": metrics.get("raw_pixel_knn_top1"),
         "train_command": train_command,
     }
+    phases = {k: v for k, v in (metrics.get("seconds") or {}).items() if k not in ("this_invocation", "knn_monitor")}
+    if "wall" in phases:  # the run's own wall clock by phase (start-up, data, model, training, final kNN, ...)
+        result["process_phases_seconds"] = phases
     return result
 
 
@@ -215,6 +221,10 @@ def print_rows(result, model_rate):
                   f"{clocks['share_outside_training_steps_measured_after_epoch_1']:.3f}"),
                  ("  share of the whole process outside steps",
                   f"{clocks['share_outside_training_steps_measured_whole_process']:.3f}")]
+    phases = result.get("process_phases_seconds") or {}
+    if phases:
+        rows.append(("CLI process by phase (its own clock): wall s", f"{phases['wall']:.1f}"))
+        rows += [(f"  {phase} s", f"{seconds:.1f}") for phase, seconds in phases.items() if phase != "wall"]
     for name, value in rows:
         print(f"{name:<52} {value:>12}")
 

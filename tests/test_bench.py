@@ -183,6 +183,9 @@ def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(
     assert result["epochs"] == 5 and result["steps_per_epoch"] == 2 and result["batch_size"] == 64
     assert 0 <= result["share_outside_training_steps_measured"] < 1
     assert result["cli_training_images_per_s"] > 0 and "ratio CLI / bench" in proc.stdout
+    phases = result["process_phases_seconds"]  # the run's own clock by phase, the fit inside "training"
+    assert phases["training"] >= result["cli_fit_wall_seconds"] - 0.01 and "CLI process by phase" in proc.stdout
+    assert phases["wall"] == pytest.approx(sum(v for k, v in phases.items() if k != "wall"))
     from benchmarks import report
     row = report.speed([str(summary_json)])[0]["rows"][0]
     assert row["run"] == "tiny" and row["bench"] == 1000 and row["ratio"] == result["ratio_cli_to_bench"]

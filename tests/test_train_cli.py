@@ -10,6 +10,7 @@ import concurrent.futures
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -70,10 +71,15 @@ def cli(tmp_path_factory):
             folder = tmp_path_factory.mktemp(name.replace("/", "_"))
             jobs[name] = folder, pool.submit(task, folder)
 
-        submit("every_trick", lambda d: run_cli(
-            "--flagfile=configs/quickstart_full.flags", "--max_examples=512", "--epochs=2", "--batch_size=64",
-            "--steps_per_epoch=3", "--encoder_width=8", "--projector_dims=64,32", "--tensorboard_every_steps=2",
-            f"--run_dir={d}", "--run_name=cli"))
+        def every_trick(d):  # timed from outside: the run's own wall clock must fit in it
+            start = time.monotonic()
+            proc = run_cli("--flagfile=configs/quickstart_full.flags", "--max_examples=512", "--epochs=2",
+                           "--batch_size=64", "--steps_per_epoch=3", "--encoder_width=8", "--projector_dims=64,32",
+                           "--tensorboard_every_steps=2", f"--run_dir={d}", "--run_name=cli")
+            proc.elapsed = time.monotonic() - start
+            return proc
+
+        submit("every_trick", every_trick)
         submit("no_tensorflow", lambda d: run_python_snippet(NO_TF_RUN.format(run_dir=str(d)), backend="jax"))
         # The refused flags stop before any training: each in a fork of one interpreter that has made
         # the CLI's imports (TensorFlow: ~5 s of CPU each), as `python -m uniclr_tf.train` (80 s -> 9 s).
@@ -121,6 +127,16 @@ def test_cli_trains_every_trick_and_reports_knn(cli):
     assert 0.0 < metrics["knn_top1"] <= 1.0 and 0.0 < metrics["raw_pixel_knn_top1"] <= 1.0
     seconds = metrics["seconds"]  # where the time went: training, the kNN monitor within it, the final kNN
     assert 0 < seconds["knn_monitor"] < seconds["this_invocation"] and seconds["final_knn"] > 0, seconds
+    # ... and the whole process by phase: they add up to its wall clock, which the time taken to run it
+    # (from outside) holds; imports and flags come first (here a fork of a warm interpreter: ~0 s), the
+    # fit sits inside "training"
+    phases = ("start_up", "set_up", "data", "model", "raw_pixel_knn", "training", "saving", "final_knn", "pictures")
+    assert list(seconds)[2:] == [*phases, "wall"], seconds
+    assert seconds["wall"] == pytest.approx(sum(seconds[k] for k in phases)) and min(seconds.values()) >= 0
+    assert seconds["this_invocation"] <= seconds["training"], seconds
+    assert seconds["wall"] <= proc.elapsed + 0.02, (seconds, proc.elapsed)  # /proc's clock ticks: 10 ms
+    line = next(x for x in proc.stdout.splitlines() if x.startswith(f"wall clock {seconds['wall']:.1f} s: "))
+    assert f"training {seconds['training']:.1f} (kNN monitor {seconds['knn_monitor']:.1f})" in line, line
     assert "kNN top-1" in proc.stdout and "raw-pixel kNN baseline" in proc.stdout
     assert "pictures: " in proc.stdout and "views.png" in proc.stdout  # where the pictures are
     assert "warning: SimAffinity with an EMA target" not in proc.stdout  # it has a predictor

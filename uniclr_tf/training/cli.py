@@ -283,6 +283,40 @@ def _read_history(run_dir, completed_epochs):
             and not isinstance(e.get("epoch"), bool) and e["epoch"] <= completed_epochs]
 
 
+def process_age():
+    """Seconds since this process started (Linux: ``/proc``; elsewhere None): the imports and flag
+    parsing before :func:`run`, which the phases' clock cannot see from inside it."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: clock ticks after boot
+        with open("/proc/uptime") as f:
+            return max(float(f.read().split()[0]) - started / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+class PhaseClock:
+    """The wall clock of an invocation by phase (metrics.json's ``seconds``): each :meth:`mark` adds the
+    time since the previous mark (or the clock's start) to its phase."""
+
+    def __init__(self, before=None):
+        self.seconds = {} if before is None else {"start_up": before}
+        self._last = time.perf_counter()
+
+    def mark(self, phase):
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    def line(self, monitor_seconds):
+        """One line: the wall clock and its phases over 0.05 s, training with its kNN monitor."""
+        names = {"start_up": "start-up (imports, flags)", "set_up": "set-up", "raw_pixel_knn": "raw-pixel kNN",
+                 "final_knn": "final kNN"}
+        parts = [f"training {v:.1f} (kNN monitor {monitor_seconds:.1f})" if k == "training"
+                 else f"{names.get(k, k)} {v:.1f}" for k, v in self.seconds.items() if v >= 0.05 or k == "training"]
+        return f"wall clock {sum(self.seconds.values()):.1f} s: " + ", ".join(parts)
+
+
 @dataclasses.dataclass
 class RunContext:
     """What the phases of :func:`run` share. ``cfg`` is resolved (the method's defaults written out)
@@ -301,6 +335,7 @@ class RunContext:
     status: str = ""  # what the run folder held: "new" or "resume"
     state: dict = None  # the backup this run starts from (None: step 0)
     model: object = None
+    clock: PhaseClock = None  # the wall clock by phase
 
     @property
     def chief(self):
@@ -348,22 +383,31 @@ class Fit:
     seconds: float = 0.0
 
 
-def run(cfg):
+def run(cfg, start_up_seconds=None):
     """Runs (or resumes) one pretraining job described by ``cfg``; returns ``(run folder, metrics)``.
 
+    ``start_up_seconds``: the process's time before this call (the CLI's imports and flags), counted in
+    metrics.json's wall clock by phase (``seconds``) with the phases of this call.
     Raises :class:`uniclr_tf.training.backup.TrainingStopped` when it stopped early with a backup (a signal,
     ``--stop_after_steps``) and :class:`uniclr_tf.training.backup.TrainingDiverged` on a non-finite loss or weight.
     Process 0 holds the run folder's lock (:class:`uniclr_tf.training.runs.RunLock`) until it returns.
     """
+    clock = PhaseClock(start_up_seconds)
     with contextlib.ExitStack() as held:  # keeps the run folder's lock until the run ends
         ctx = _prepare_process(cfg)
+        ctx.clock = clock
+        clock.mark("set_up")
         _load_data(ctx)
+        clock.mark("data")
         _set_up_devices(ctx)
         finished = _open_run_folder(ctx, held)
         if finished is not None:
             return ctx.run_dir, finished
+        clock.mark("set_up")
         _build_training_model(ctx)
+        clock.mark("model")
         evaluation = _prepare_evaluation(ctx)
+        clock.mark("raw_pixel_knn")
         fit = _fit(ctx, evaluation)
         return ctx.run_dir, _finish(ctx, evaluation, fit)
 
@@ -748,28 +792,38 @@ def _finish(ctx, ev, fit):
     backup.set_phase(_after_training_phase(fit.writer.last, fit.stopped))
     if fit.stopped is not None:
         _stop_with_backup(ctx, fit)
+    clock = ctx.clock or PhaseClock()
+    clock.mark("training")  # the fit's last backup and history written
     _save_encoder(ctx)
     runs.atomic_save(os.path.join(run_dir, "model.weights.h5"), ctx.model.save_weights)
+    clock.mark("saving")
     if not ctx.chief:
         distribute.barrier("run finished", ctx.num_processes, ctx.strategy)
         return {"status": "finished", "process_id": ctx.process_id}
+    monitor = ev.monitor.seconds if ev.monitor else 0.0
     metrics = {"status": "finished", "method": cfg.method, "epochs": ctx.last_epoch,
                "steps": ctx.last_epoch * ctx.steps_per_epoch,
-               "final_loss": fit.history.epochs[-1].get("loss") if fit.history.epochs else None,
-               "seconds": {"this_invocation": fit.seconds, "knn_monitor": ev.monitor.seconds if ev.monitor else 0.0}}
+               "final_loss": fit.history.epochs[-1].get("loss") if fit.history.epochs else None}
     if info.num_classes:
-        start = time.perf_counter()
         metrics.update(_final_knn(ctx, ev))
-        metrics["seconds"]["final_knn"] = time.perf_counter() - start
+        clock.mark("final_knn")
     skipped = info.skipped_while_streaming()
     if skipped:
         metrics["skipped_while_streaming"] = len(skipped)
         print(f"{cfg.data.dataset}: skipped {len(skipped)} bad image file(s) while streaming (first: {skipped[0]})")
     if cfg.invocation.pictures:
         metrics["pictures"] = _write_pictures(ctx, ev, tensorboard=data.have_tensorflow())
+        clock.mark("pictures")
     if cfg.invocation.export:  # before metrics.json: "finished" is written last, after every artefact asked for
         from uniclr_tf.serving.export import export_run
         export_run(run_dir, os.path.join(run_dir, "export"), overwrite=True)
+        clock.mark("export")
+    # Where this invocation's time went: its phases, whose sum is "wall" (the process's, from its
+    # start, under the CLI); "training" holds the fit ("this_invocation") with its kNN monitor
+    # ("knn_monitor") and the set-up of its callbacks.
+    metrics["seconds"] = {"this_invocation": fit.seconds, "knn_monitor": monitor, **clock.seconds,
+                          "wall": sum(clock.seconds.values())}
+    print(clock.line(monitor), flush=True)
     runs.atomic_write_json(os.path.join(run_dir, "metrics.json"), metrics)
     distribute.barrier("run finished", ctx.num_processes, ctx.strategy)
     return metrics
@@ -911,7 +965,7 @@ def main(argv):
         except ValueError as e:  # building the config from the flags: what fails is a flag's value
             raise UsageError(str(e)) from None
         with backup.Interrupts(immediate=True):  # outside training a signal stops at once (training: a backup)
-            run_dir, metrics = run(cfg)
+            run_dir, metrics = run(cfg, start_up_seconds=process_age())
         if metrics.get("below_raw_pixel_baseline"):  # the last line a finished run prints says so
             print(f"note: {run_dir} finished, but its kNN top-1 {metrics['knn_top1']:.4f} is below the raw-pixel "
                   f"baseline {metrics['raw_pixel_knn_top1']:.4f}: this encoder learned nothing useful", flush=True)
