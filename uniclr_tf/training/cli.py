@@ -792,7 +792,7 @@ def _finish(ctx, ev, fit):
     backup.set_phase(_after_training_phase(fit.writer.last, fit.stopped))
     if fit.stopped is not None:
         _stop_with_backup(ctx, fit)
-    clock = ctx.clock or PhaseClock()
+    clock = ctx.clock
     clock.mark("training")  # the fit's last backup and history written
     _save_encoder(ctx)
     runs.atomic_save(os.path.join(run_dir, "model.weights.h5"), ctx.model.save_weights)
