@@ -258,4 +258,6 @@ def test_the_train_cli_hands_lars_its_trust_coefficient_and_clipping():
     assert (lars.eta, lars.clip_lr) == (0.02, True)
     default = cli.build_optimizer(TrainConfig.make(optimizer="lars"), 10)
     assert (default.eta, default.clip_lr) == (0.001, False)
+    from uniclr_tf.config import train_config
+    assert train_config.LARS_ETA == optimizers.LARS_ETA == 0.001  # the config's copy and the optimizer's
     assert type(cli.build_optimizer(TrainConfig.make(optimizer="sgd"), 10)) is optimizers.SGD

@@ -30,6 +30,8 @@ from uniclr_tf.data.spec import spec_forms
 from uniclr_tf.config.errors import UsageError
 from uniclr_tf.config.fields import flag, unset  # noqa: F401 - re-exported: config.flag, config.unset
 
+LARS_ETA = 0.001  # uniclr_tf.training.optimizers.LARS_ETA (a test keeps them equal); this module imports no Keras
+
 # encoders.ENCODERS (no import here)
 ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small", "hub_resnet18", "hub_resnet50")
 OPTIMIZERS = ("lars", "sgd", "adamw")
@@ -184,7 +186,7 @@ class OptimConfig(_Section):
     weight_decay: float = flag(1e-6, "Weight decay (LARS/SGD add it to the gradient; biases and BN excluded for "
                                      "LARS).")
     momentum: float = flag(0.9, "Optimizer momentum.")
-    lars_eta: float = flag(0.001, "LARS's trust coefficient (the paper, SimCLR, BYOL: 0.001; solo-learn's CIFAR "
+    lars_eta: float = flag(LARS_ETA, "LARS's trust coefficient (the paper, SimCLR, BYOL: 0.001; solo-learn's CIFAR "
                                   "configs: 0.02 with --lars_clip_lr).")
     lars_clip_lr: bool = flag(False, "LARS with LARC's clipping: an adapted layer moves at min(eta*|w|/|g|, lr) "
                                      "instead of lr*eta*|w|/|g|, the schedule only capping the rate (NVIDIA apex, "
@@ -204,7 +206,7 @@ class OptimConfig(_Section):
         check(0 <= self.momentum < 1, "momentum", "a number in [0, 1)")
         check(self.lars_eta > 0, "lars_eta", "a number > 0")
         lars_only = "a LARS option: --optimizer=lars, or its default"
-        check(self.optimizer == "lars" or self.lars_eta == 0.001, "lars_eta", lars_only)
+        check(self.optimizer == "lars" or self.lars_eta == LARS_ETA, "lars_eta", lars_only)
         check(self.optimizer == "lars" or not self.lars_clip_lr, "lars_clip_lr", lars_only)
         check(self.warmup_epochs >= 0, "warmup_epochs", "a number >= 0")
         check(self.epochs >= 1, "epochs", "an integer >= 1")

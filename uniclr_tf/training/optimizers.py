@@ -29,6 +29,9 @@ import re
 import keras
 from keras import ops
 
+#: LARS's trust coefficient η in the paper (and SimCLR's, BYOL's): the default of every way to build one.
+LARS_ETA = 0.001
+
 
 def _as_patterns(value, arg_name):
     """Normalises ``None`` / a string / a sequence of strings into a tuple of strings."""
@@ -105,7 +108,7 @@ class LARS(keras.optimizers.Optimizer):
         >>> model.compile(optimizer=uniclr_tf.LARS(schedule, momentum=0.9, weight_decay=1e-6))
     """
 
-    def __init__(self, learning_rate, momentum=0.9, weight_decay=1e-6, eta=0.001,
+    def __init__(self, learning_rate, momentum=0.9, weight_decay=1e-6, eta=LARS_ETA,
                  epsilon=0.0, nesterov=False, exclude_from_adaptation=None,
                  exclude_from_weight_decay=None, exclude_vectors=True, trust_ratio=True, name="lars",
                  fixed_learning_rate=None, fixed_lr_patterns=None, clip_lr=False, **kwargs):
@@ -291,7 +294,7 @@ OPTIMIZER_NAMES = ("lars", "sgd", "adamw")
 
 def build_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, exclude_from_adaptation=(),
                     exclude_from_weight_decay=(), nesterov=False, fixed_learning_rate=None, fixed_lr_patterns=(),
-                    eta=0.001, clip_lr=False):
+                    eta=LARS_ETA, clip_lr=False):
     """The optimizer called ``name``, built the one way the project builds it.
 
     Args:
@@ -322,7 +325,7 @@ def build_optimizer(name, learning_rate, momentum=0.9, weight_decay=0.0, exclude
     adaptation = _as_patterns(exclude_from_adaptation, "exclude_from_adaptation")
     decay = _as_patterns(exclude_from_weight_decay, "exclude_from_weight_decay")
     fixed = dict(fixed_learning_rate=fixed_learning_rate, fixed_lr_patterns=list(fixed_lr_patterns) or None)
-    if name != "lars" and (eta != 0.001 or clip_lr):
+    if name != "lars" and (eta != LARS_ETA or clip_lr):
         raise ValueError(f"eta and clip_lr are LARS options; the {name} optimizer takes none "
                          f"(received eta={eta!r}, clip_lr={clip_lr!r})")
     if name == "lars":
