@@ -22,10 +22,10 @@
 #            two-pass statistics), perdev (--batch_norm=per_device), knn (the kNN monitor every epoch on the
 #            whole bank), bind (launch --cpu_binding=gpu; indep: taskset, a share of the CPUs each), spe (4
 #            steps compiled into one program, --steps_per_execution=4, on the first 57,344 images: 112, 56
-#            or 28 steps an epoch on 1, 2 or 4 GPUs), and XLA flags: lhs (latency-hiding
-#            scheduler), cmdbuf (collectives in CUDA graphs), sync (all-reduces on the compute stream), oneshot
-#            (XLA's one-shot all-reduce), sym (NCCL symmetric buffers), nocombine (no heuristic collective
-#            combining), noshard (every process autotunes)
+#            or 28 steps an epoch on 1, 2 or 4 GPUs), and XLA flags: lhs (latency-hiding scheduler), cmdbuf
+#            (collectives in CUDA graphs), sync (all-reduces on the compute stream), oneshot (XLA's one-shot
+#            all-reduce), sym (NCCL symmetric buffers), nocombine (no heuristic collective combining), noshard
+#            (every process autotunes)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
 # RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
 # (RUNS_DIR/VARIANT-trace: python -m benchmarks.report trace RUNS_DIR/VARIANT-trace [--compare=...]).
