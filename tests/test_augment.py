@@ -612,3 +612,30 @@ def test_parameter_distributions_match_between_tf_host_and_jax_device(jax_report
     for stats in (tf_stats, jax_stats):
         assert abs(stats["area"][0] - ref_area.mean()) < 5 * ref_area.std() / np.sqrt(n)
         assert abs(stats["area"][1] - ref_area.std()) < 5 * ref_area.std() / np.sqrt(n)
+
+
+def test_views_in_a_tf_step_are_keyed_by_the_step_so_a_resumed_model_draws_the_same():
+    """TensorFlow backend, augmentation inside the step: the views come from (augmenter seed, step,
+    replica) alone, so a model built again and set to step 2 (a resume) computes the loss the first
+    model computed at its step 2, and each step draws new views."""
+    import keras
+
+    from uniclr_tf import UniCLR, ViewAugmenter
+    from uniclr_tf.nets import encoders, heads
+
+    images = np.random.default_rng(0).integers(0, 256, size=(16, 16, 16, 1)).astype("uint8")
+
+    def model_at(step):
+        keras.utils.set_random_seed(1)
+        model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)),
+                       method="simaffinity", augmenter=ViewAugmenter.for_dataset((16, 16, 1), seed=3))
+        model.compile(optimizer=keras.optimizers.SGD(0.0))  # the weights stay: only the views change
+        model.optimizer.build(model.trainable_variables)
+        model.optimizer.iterations.assign(step)
+        return model
+
+    first = model_at(0)
+    losses = [float(first.train_on_batch(images, return_dict=True)["objective_loss"]) for _ in range(3)]
+    assert len(set(losses)) == 3, losses  # new views every step
+    resumed = float(model_at(2).train_on_batch(images, return_dict=True)["objective_loss"])
+    assert resumed == losses[2], (resumed, losses)

@@ -543,6 +543,37 @@ def test_pretrain_dataset_maps_augmenter_on_the_batch(small_info):
     np.testing.assert_array_equal(np.round(x.numpy()[:, 0, 0, 0] * 255) // 40, labels.numpy())
 
 
+def test_keyed_views_are_a_function_of_the_batch_and_resume_exactly(small_info):
+    """``augment_seed``: batch i's views come from the key (seed, i) alone: the same on every iteration
+    (whatever the parallel map ran first), another seed gives others, and a stream started at
+    ``skip_batches=2`` yields the views of the uninterrupted stream's batches 2, 3, ... (the resume)."""
+    import uniclr_tf
+
+    aug = uniclr_tf.ViewAugmenter.for_dataset((8, 8, 3), seed=1)
+
+    def batches(skip=0, augment_seed=11, n=3):
+        ds = data.pretrain_dataset(small_info, 8, augmenter=aug, seed=3, repeat=True, with_labels=True,
+                                   skip_batches=skip, augment_seed=augment_seed)
+        return [(np.stack([v.numpy() for v in views]), y.numpy()) for views, y in ds.take(n)]
+
+    whole, again = batches(n=5), batches(n=5)
+    for (a, ya), (b, yb) in zip(whole, again):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(ya, yb)
+    for (a, ya), (b, yb) in zip(whole[2:], batches(skip=2)):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(ya, yb)
+    other = batches(augment_seed=12, n=1)[0]
+    np.testing.assert_array_equal(other[1], whole[0][1])  # the same images ...
+    assert not np.allclose(other[0], whole[0][0])  # ... in other views
+    assert not np.allclose(whole[0][0][0], whole[0][0][1])  # the two views of a batch differ
+    unkeyed = data.pretrain_dataset(small_info, 8, augmenter=aug, seed=3, with_labels=True)
+    first = [np.stack([v.numpy() for v in next(iter(unkeyed))[0]]) for _ in range(2)]
+    assert not np.allclose(first[0], first[1])  # without a key: the layers' streams, new views each time
+    with pytest.raises(TypeError, match="batch_key"):
+        data.pretrain_dataset(small_info, 8, augmenter=lambda x: (x, x), augment_seed=1)
+
+
 def test_pretrain_dataset_with_labels(small_info):
     ds = data.pretrain_dataset(small_info, 9, with_labels=True, seed=5)
     assert ds.element_spec[1].dtype == tf.int64 and ds.element_spec[1].shape.as_list() == [9]

@@ -46,7 +46,10 @@ from a per-layer ``tf.random.Generator`` instead of the ``SeedGenerator`` that
 in a parallel ``tf.data`` map two batches got identical parameters (see ``_uniforms`` in
 ``layers``). The generator also works under ``tf.distribute.MirroredStrategy`` (replicas draw
 different numbers) and ``jit_compile=True``. Both are seeded from the layer's ``seed`` (or
-Python's ``random``, which ``keras.utils.set_random_seed`` seeds).
+Python's ``random``, which ``keras.utils.set_random_seed`` seeds). A batch key instead
+(``ViewAugmenter(x, batch_key=...)``, TensorFlow path only) draws every parameter of the batch
+statelessly from the key: the train CLI keys tf.data's batch ``i`` by ``(seed, i)`` and a TF train step
+by ``(seed, step, replica)``, so its views depend on neither the map's parallelism nor a resume.
 
 Following Keras's preprocessing layers, each random layer first draws all parameters for the batch
 in ``get_random_transformation(batch_size, image_shape)`` (a dict of ``[B]`` tensors), then applies

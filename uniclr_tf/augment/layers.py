@@ -85,6 +85,13 @@ class _BatchLayer(DataLayer):
     def _batch_size(self, images):
         return self.backend.core.shape(images)[0]
 
+    #: A TensorFlow stateless key ``[2]`` set by :meth:`ViewAugmenter.call` for the batch being traced
+    #: (``batch_key=``); None draws from the layer's own stream.
+    _batch_key = None
+
+    def _set_batch_key(self, key):
+        object.__setattr__(self, "_batch_key", key)  # a graph tensor for one trace, not layer state
+
     def _seed(self, seed):
         return self._get_seed_generator(self.backend._backend) if seed is None else seed
 
@@ -99,9 +106,14 @@ class _BatchLayer(DataLayer):
         atomically; elsewhere from the Keras ``SeedGenerator`` (threaded by ``stateless_call``
         under ``jax.jit``). A Keras ``SeedGenerator`` is NOT safe in a parallel ``tf.data`` map:
         its read-then-assign races, and two batches drew identical parameters (6 of 4000 with
-        ``num_parallel_calls=8`` on 2 cores). An explicit int seed gives a stateless draw.
+        ``num_parallel_calls=8`` on 2 cores). An explicit int seed gives a stateless draw, and so does a
+        batch key (:meth:`ViewAugmenter.call`'s ``batch_key``): a function of the key alone.
         """
         shape = (batch_size, count)
+        if seed is None and self._batch_key is not None:
+            import tensorflow as tf  # a batch key is a TensorFlow tensor: only reached on that path
+
+            return tf.random.stateless_uniform(shape, seed=self._batch_key, dtype=tf.float32)
         if seed is None and self.backend.name == "tensorflow":
             return self._tf_generator().uniform(shape, dtype="float32")
         return self.backend.random.uniform(shape, minval=0.0, maxval=1.0, dtype="float32",

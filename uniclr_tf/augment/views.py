@@ -424,15 +424,38 @@ class ViewAugmenter(_BatchLayer):
         """(h, w) of each output view, in output order."""
         return [self.global_size] * self.num_global + [self.local_size] * self.num_local
 
-    def call(self, images, training=True):
+    def call(self, images, training=True, batch_key=None):
+        """``batch_key`` (TensorFlow only: tf.data, or the TF backend): an int ``[2]`` tensor from which
+        every random parameter of this batch is drawn, statelessly (each layer of each view folds in its
+        own place): the same key gives the same views whatever ran before or alongside, e.g.
+        ``(seed, batch index)`` in a ``tf.data`` map, so a stream resumed mid-way draws the views an
+        uninterrupted one would have. None draws from the layers' own random streams."""
         images, _ = self._prepare(images)
         x = images * (1.0 / self.input_scale)
+        if batch_key is not None and training:
+            if self.backend.name != "tensorflow":
+                raise ValueError("ViewAugmenter: batch_key is a TensorFlow stateless key and needs the "
+                                 "TensorFlow path (tf.data, or the TensorFlow backend); received it on "
+                                 f"{self.backend.name}")
+            import tensorflow as tf
+
+            batch_key = tf.cast(batch_key, tf.int64)
         views = []
-        for chain in self.chains:
-            view = x
-            for layer in chain:
-                view = layer(view) if isinstance(layer, Normalize) else layer(view, training=training)
-            views.append(view)
+        try:
+            for v, chain in enumerate(self.chains):
+                view = x
+                for i, layer in enumerate(chain):
+                    if isinstance(layer, Normalize):
+                        view = layer(view)
+                        continue
+                    if batch_key is not None and training:
+                        layer._set_batch_key(tf.random.experimental.stateless_fold_in(batch_key, 8 * v + i))
+                    view = layer(view, training=training)
+                views.append(view)
+        finally:
+            for chain in self.chains:
+                for layer in chain:
+                    layer._set_batch_key(None)
         return tuple(views)
 
     def compute_output_shape(self, input_shape):

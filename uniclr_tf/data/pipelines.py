@@ -12,6 +12,7 @@ stream of raw uint8 batches without tf.data (in-memory splits only; it needs no 
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Optional, Tuple
 
 import numpy as np
@@ -34,7 +35,8 @@ def _gather_fn(split, with_labels=True):
 
 def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Callable] = None,
                      shuffle: bool = True, seed: int = 0, split: str = "train", repeat: bool = False,
-                     with_labels: bool = False, skip_batches: int = 0) -> tf.data.Dataset:
+                     with_labels: bool = False, skip_batches: int = 0,
+                     augment_seed: Optional[int] = None) -> tf.data.Dataset:
     """Batches for self-supervised pretraining.
 
     Shuffles, optionally repeats, batches with
@@ -63,6 +65,11 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
       skip_batches: start this many batches into the (deterministic) stream, e.g. at a resumed run's
         step; skipped before any image is gathered, decoded or augmented, so skipping costs little
         (a streamed split with bad images dropped while streaming resumes a few images off).
+      augment_seed: with an augmenter that takes ``batch_key`` (``uniclr_tf.ViewAugmenter``), batch ``i`` of
+        the stream (counting the skipped ones) is augmented with the key ``(augment_seed, i)``: its views
+        are a function of the seed and the batch's place alone, whatever the parallel map ran first, so a
+        stream started at ``skip_batches`` gives the views of the uninterrupted one. None: the
+        augmenter's own random streams (views that differ from one iteration to the next).
 
     Returns:
       A ``tf.data.Dataset`` yielding ``x`` (tuple of views, or a uint8 batch) or ``(x, labels)``.
@@ -91,7 +98,19 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
     if augmenter is not None:
         if not callable(augmenter):
             raise TypeError(f"augmenter must be callable or None; received {type(augmenter).__name__}")
-        if with_labels:
+        if augment_seed is not None:
+            if "batch_key" not in inspect.signature(getattr(augmenter, "call", augmenter)).parameters:
+                raise TypeError(f"augment_seed needs an augmenter that takes batch_key= (uniclr_tf.ViewAugmenter); "
+                                f"received {type(augmenter).__name__}")
+            seed_ = tf.constant(int(augment_seed), tf.int64)
+
+            def keyed(i, batch):
+                x, y = batch if with_labels else (batch, None)
+                views = augmenter(x, batch_key=tf.stack([seed_, i]))
+                return (views, y) if with_labels else views
+
+            ds = ds.enumerate(start=skip_batches).map(keyed, num_parallel_calls=AUTOTUNE)
+        elif with_labels:
             ds = ds.map(lambda x, y: (augmenter(x), y), num_parallel_calls=AUTOTUNE)
         else:
             ds = ds.map(augmenter, num_parallel_calls=AUTOTUNE)

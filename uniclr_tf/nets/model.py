@@ -13,6 +13,7 @@ paired with integer labels for the online linear probe: ``views``, ``(views, lab
 """
 
 import functools
+import inspect
 import warnings
 
 import keras
@@ -548,7 +549,7 @@ class UniCLR(train_step_mixin(), keras.Model):
             if self.augmenter is None:
                 raise ValueError("The batch is a single image tensor but the model has no augmenter; "
                                  "pass views from the host pipeline or build the model with augmenter=...")
-            x = self.augmenter(x, training=True)
+            x = self.augmenter(x, training=True, **self._augment_key())
         views = list(x)
         if len(views) < self.num_global:
             raise ValueError(f"Expected at least {self.num_global} views; received {len(views)}")
@@ -599,6 +600,24 @@ class UniCLR(train_step_mixin(), keras.Model):
                 f"learn. Use a batch of more than {per_group // 2} rows, a smaller last size in projector_dims, "
                 "options={'whitening_groups': G}, or state options={'eps': ...} to accept a ridge-regularised "
                 "covariance", UserWarning, filename="uniclr_tf.UniCLR", lineno=1, module="uniclr_tf.nets.model")
+
+    def _augment_key(self):
+        """``{"batch_key": ...}`` on the TensorFlow backend for an augmenter that takes one and has a seed
+        (``uniclr_tf.ViewAugmenter(seed=...)``): the step's views drawn from (seed, step, replica) alone, so
+        a resumed run draws the views the uninterrupted one would have (on JAX the augmenter's
+        seed-generator states are model variables, saved with the backups). Otherwise ``{}``: the
+        augmenter's own random streams."""
+        seed = getattr(self.augmenter, "seed", None)
+        call = getattr(self.augmenter, "call", None)
+        if keras.backend.backend() != "tensorflow" or seed is None or call is None or \
+                "batch_key" not in inspect.signature(call).parameters:
+            return {}
+        import tensorflow as tf
+
+        replica = tf.distribute.get_replica_context()
+        replica = 0 if replica is None else replica.replica_id_in_sync_group
+        key = tf.stack([tf.constant(int(seed), tf.int64), tf.cast(self._steps_done(), tf.int64)])
+        return {"batch_key": tf.random.experimental.stateless_fold_in(key, tf.cast(replica, tf.int64))}
 
     def _steps_done(self):
         """Optimizer steps done before this one (0 before ``compile``), for the methods' schedules."""

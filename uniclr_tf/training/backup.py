@@ -24,12 +24,11 @@ small all-reduce every 16 steps (:class:`CollectiveStopAgreement`): each process
 collective, so a process stopping a step earlier than another would leave it waiting for ever.
 
 Exactness of a resume: the weights, optimizer, EMA target and its schedule, the step counter, the
-data order (the stream is deterministic given the seed and skipped to the backed-up step) and, on
-the JAX backend, the device augmenter's random state are restored exactly. Not restored: the random
-state of augmentation done in ``tf.data`` (host) or inside a TensorFlow graph (device, TF backend),
-which lives in ``tf.random.Generator`` objects that Keras does not save and that ``tf.data`` runs
-ahead of the training step; a resumed TF run sees the same images in the same order with other
-random crops. The epoch-mean metrics of an epoch resumed mid-way cover the steps after the resume.
+data order (the stream is deterministic given the seed and skipped to the backed-up step) and the
+views: on the JAX backend the device augmenter's random state is a model variable and restored; the
+views made in ``tf.data`` (host) are drawn from ``(seed, batch index)`` and those of a TensorFlow
+train step (device, TF backend) from ``(seed, step, replica)``, statelessly, so nothing needs
+restoring. The epoch-mean metrics of an epoch resumed mid-way cover the steps after the resume.
 """
 
 import errno

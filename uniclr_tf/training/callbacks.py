@@ -438,7 +438,9 @@ class BackupAndResume(keras.callbacks.Callback):
     one), checked for NaN first, and the one before it is kept until the next is on disk; an epoch
     end that would wait for the previous backup, still being written, is skipped (never the last). On JAX the
     views' random state is in the backup too, and a resumed fit computes what the uninterrupted one
-    would have; TensorFlow's generators are not (a resumed fit draws other random crops).
+    would have; so it does on TensorFlow with a seeded ``ViewAugmenter`` as the model's augmenter (its
+    views keyed by seed, step and replica). A tf.data map is the caller's: keyed by batch
+    (``pretrain_dataset(..., augment_seed=)``) it resumes exactly too, otherwise it draws other crops.
 
     Examples:
         >>> backup = uniclr_tf.BackupAndResume("checkpoints/run1")

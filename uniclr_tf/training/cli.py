@@ -559,7 +559,8 @@ def _train_data(ctx, skip):
     if data.have_tensorflow():
         return data.pretrain_dataset(info, batch_size, ctx.augmenter if augment_on == "host" else None,
                                      shuffle=True, seed=seed, repeat=True, with_labels=labelled,
-                                     skip_batches=skip)  # Keras shards tf.data over processes itself
+                                     skip_batches=skip,  # Keras shards tf.data over processes itself
+                                     augment_seed=seed)  # views keyed by batch: a resume draws the same
     if augment_on == "device":  # e.g. the JAX-only GPU machine: in-memory uint8 batches
         return data.numpy_batches(info, batch_size, shuffle=True, seed=seed, with_labels=labelled,
                                   skip_batches=skip, shard=(ctx.process_id, ctx.num_processes))
