@@ -572,6 +572,12 @@ def test_keyed_views_are_a_function_of_the_batch_and_resume_exactly(small_info):
     assert not np.allclose(first[0], first[1])  # without a key: the layers' streams, new views each time
     with pytest.raises(TypeError, match="batch_key"):
         data.pretrain_dataset(small_info, 8, augmenter=lambda x: (x, x), augment_seed=1)
+    with pytest.raises(TypeError, match="augment_seed must be an int"):
+        data.pretrain_dataset(small_info, 8, augmenter=aug, augment_seed=1.5)
+    with pytest.raises(ValueError, match="batch_key must be 2 integers"):
+        aug(np.zeros((2, 8, 8, 3), "uint8"), batch_key=tf.constant([1.0, 2.0]))
+    with pytest.raises(ValueError, match="batch_key must be 2 integers"):
+        aug(np.zeros((2, 8, 8, 3), "uint8"), batch_key=tf.constant([1, 2, 3]))
 
 
 def test_pretrain_dataset_with_labels(small_info):

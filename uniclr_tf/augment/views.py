@@ -439,6 +439,10 @@ class ViewAugmenter(_BatchLayer):
                                  f"{self.backend.name}")
             import tensorflow as tf
 
+            batch_key = tf.convert_to_tensor(batch_key)
+            if batch_key.shape.rank != 1 or batch_key.shape[0] not in (2, None) or not batch_key.dtype.is_integer:
+                raise ValueError(f"ViewAugmenter: batch_key must be 2 integers (a stateless key, e.g. (seed, "
+                                 f"batch index)); received {batch_key.dtype.name} of shape {batch_key.shape}")
             batch_key = tf.cast(batch_key, tf.int64)
         views = []
         try:

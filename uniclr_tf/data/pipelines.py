@@ -99,6 +99,8 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
         if not callable(augmenter):
             raise TypeError(f"augmenter must be callable or None; received {type(augmenter).__name__}")
         if augment_seed is not None:
+            if isinstance(augment_seed, bool) or not isinstance(augment_seed, (int, np.integer)):
+                raise TypeError(f"augment_seed must be an int or None; received {augment_seed!r}")
             if "batch_key" not in inspect.signature(getattr(augmenter, "call", augmenter)).parameters:
                 raise TypeError(f"augment_seed needs an augmenter that takes batch_key= (uniclr_tf.ViewAugmenter); "
                                 f"received {type(augmenter).__name__}")
