@@ -85,13 +85,6 @@ class _BatchLayer(DataLayer):
     def _batch_size(self, images):
         return self.backend.core.shape(images)[0]
 
-    #: A TensorFlow stateless key ``[2]`` set by :meth:`ViewAugmenter.call` for the batch being traced
-    #: (``batch_key=``); None draws from the layer's own stream.
-    _batch_key = None
-
-    def _set_batch_key(self, key):
-        object.__setattr__(self, "_batch_key", key)  # a graph tensor for one trace, not layer state
-
     def _seed(self, seed):
         return self._get_seed_generator(self.backend._backend) if seed is None else seed
 
@@ -107,13 +100,14 @@ class _BatchLayer(DataLayer):
         under ``jax.jit``). A Keras ``SeedGenerator`` is NOT safe in a parallel ``tf.data`` map:
         its read-then-assign races, and two batches drew identical parameters (6 of 4000 with
         ``num_parallel_calls=8`` on 2 cores). An explicit int seed gives a stateless draw, and so does a
-        batch key (:meth:`ViewAugmenter.call`'s ``batch_key``): a function of the key alone.
+        TensorFlow key ``[2]`` (what :meth:`ViewAugmenter.call` passes for a ``batch_key``): a function of
+        the key alone.
         """
         shape = (batch_size, count)
-        if seed is None and self._batch_key is not None:
-            import tensorflow as tf  # a batch key is a TensorFlow tensor: only reached on that path
+        if seed is not None and not isinstance(seed, (int, np.integer)):
+            import tensorflow as tf  # a key tensor is TensorFlow's: only reached on that path
 
-            return tf.random.stateless_uniform(shape, seed=self._batch_key, dtype=tf.float32)
+            return tf.random.stateless_uniform(shape, seed=seed, dtype=tf.float32)
         if seed is None and self.backend.name == "tensorflow":
             return self._tf_generator().uniform(shape, dtype="float32")
         return self.backend.random.uniform(shape, minval=0.0, maxval=1.0, dtype="float32",
@@ -150,11 +144,12 @@ class _RandomLayer(_BatchLayer):
         """True when the layer is statically the identity (probability 0, C=1 grayscale...)."""
         return False
 
-    def call(self, images, training=True):
+    def call(self, images, training=True, seed=None):
+        """``seed``: None draws from the layer's stream; an int or a TensorFlow key ``[2]``, statelessly."""
         images, shape = self._prepare(images)
         if not training or self._is_noop(shape):
             return images
-        transformation = self.get_random_transformation(self._batch_size(images), shape)
+        transformation = self.get_random_transformation(self._batch_size(images), shape, seed=seed)
         return self.transform_images(images, transformation)
 
 
@@ -230,11 +225,11 @@ class RandomResizedCrop(_RandomLayer):
                            self.antialias, backend=b)
         return apply_separable(images, ry, rx, backend=b)
 
-    def call(self, images, training=True):
+    def call(self, images, training=True, seed=None):
         images, (height, width, _) = self._prepare(images)
         if training:
             transformation = self.get_random_transformation(self._batch_size(images),
-                                                            (height, width))
+                                                            (height, width), seed=seed)
             return self.transform_images(images, transformation)
         y0, x0, h, w = _central_box(height, width, self.ratio)
         ry = resize_matrix(y0, h, height, self.height, self.antialias, backend=self.backend)

@@ -16,6 +16,7 @@ Examples:
 """
 
 import dataclasses
+import inspect
 import math
 from typing import Tuple
 
@@ -251,6 +252,13 @@ def _views_of(per_global, num_global, num_local):
 # --------------------------------------------------------------------------------------------
 
 
+def takes_batch_key(augmenter):
+    """Whether ``augmenter`` (a callable, or a Keras layer's ``call``) takes ``batch_key=`` as
+    :meth:`ViewAugmenter.call` does: views drawn statelessly from a key."""
+    call = getattr(augmenter, "call", augmenter)
+    return callable(call) and "batch_key" in inspect.signature(call).parameters
+
+
 def _derive_seed(seed, view, slot):
     return None if seed is None else (int(seed) * 7919 + 101 * view + slot) % (2 ** 31 - 1)
 
@@ -445,21 +453,17 @@ class ViewAugmenter(_BatchLayer):
                                  f"batch index)); received {batch_key.dtype.name} of shape {batch_key.shape}")
             batch_key = tf.cast(batch_key, tf.int64)
         views = []
-        try:
-            for v, chain in enumerate(self.chains):
-                view = x
-                for i, layer in enumerate(chain):
-                    if isinstance(layer, Normalize):
-                        view = layer(view)
-                        continue
-                    if batch_key is not None and training:
-                        layer._set_batch_key(tf.random.experimental.stateless_fold_in(batch_key, 8 * v + i))
+        for v, chain in enumerate(self.chains):
+            view = x
+            for i, layer in enumerate(chain):
+                if isinstance(layer, Normalize):
+                    view = layer(view)
+                elif batch_key is not None and training:  # each layer of each view: its own key
+                    view = layer(view, training=training,
+                                 seed=tf.random.experimental.stateless_fold_in(batch_key, 8 * v + i))
+                else:
                     view = layer(view, training=training)
-                views.append(view)
-        finally:
-            for chain in self.chains:
-                for layer in chain:
-                    layer._set_batch_key(None)
+            views.append(view)
         return tuple(views)
 
     def compute_output_shape(self, input_shape):

@@ -12,7 +12,6 @@ stream of raw uint8 batches without tf.data (in-memory splits only; it needs no 
 
 from __future__ import annotations
 
-import inspect
 from typing import Callable, Optional, Tuple
 
 import numpy as np
@@ -101,7 +100,9 @@ def pretrain_dataset(info: DatasetInfo, batch_size: int, augmenter: Optional[Cal
         if augment_seed is not None:
             if isinstance(augment_seed, bool) or not isinstance(augment_seed, (int, np.integer)):
                 raise TypeError(f"augment_seed must be an int or None; received {augment_seed!r}")
-            if "batch_key" not in inspect.signature(getattr(augmenter, "call", augmenter)).parameters:
+            from uniclr_tf.augment.views import takes_batch_key
+
+            if not takes_batch_key(augmenter):
                 raise TypeError(f"augment_seed needs an augmenter that takes batch_key= (uniclr_tf.ViewAugmenter); "
                                 f"received {type(augmenter).__name__}")
             seed_ = tf.constant(int(augment_seed), tf.int64)

@@ -13,7 +13,6 @@ paired with integer labels for the online linear probe: ``views``, ``(views, lab
 """
 
 import functools
-import inspect
 import warnings
 
 import keras
@@ -608,9 +607,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         seed-generator states are model variables, saved with the backups). Otherwise ``{}``: the
         augmenter's own random streams."""
         seed = getattr(self.augmenter, "seed", None)
-        call = getattr(self.augmenter, "call", None)
-        if keras.backend.backend() != "tensorflow" or seed is None or call is None or \
-                "batch_key" not in inspect.signature(call).parameters:
+        if keras.backend.backend() != "tensorflow" or seed is None or not augment.views.takes_batch_key(self.augmenter):
             return {}
         import tensorflow as tf
 
