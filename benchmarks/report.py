@@ -454,6 +454,7 @@ def pack_run(folder, card=None):
     linear = _load(os.path.join(folder, "linear_eval.json")) or {}
     sections = {k: v for k, v in linear.items() if k.startswith("linear[") and isinstance(v, dict)}
     exits = _load(os.path.join(folder, "exits.json")) or {}
+    shared = (_load(os.path.join(folder, "shared.json")) or {}).get("train")
     failed = {phase: code for phase, code in exits.items() if code not in (0, None)}
     status = metrics.get("status") or ("stopped" if history else "not started")
     if failed:
@@ -463,7 +464,8 @@ def pack_run(folder, card=None):
     return {"status": status, "card": card or _card_of(folder), "epochs_done": len(history),
             "metrics": {k: metrics[k] for k in KEPT_METRICS if k in metrics},
             "linear": {k: {m: v[m] for m in ("top1", "top5") if m in v} for k, v in sections.items()},
-            "history": curves, **_speed(history, metrics, _load(os.path.join(folder, "config.json")) or {})}
+            "history": curves, **_speed(history, metrics, _load(os.path.join(folder, "config.json")) or {}),
+            **({"gpu_share": shared} if shared else {})}
 
 
 def _speed(history, metrics, config):
@@ -551,7 +553,8 @@ def study(paths, at=(), per_run=False, only=None):
                "knn": stats(r["metrics"].get("knn_top1") for r in finished),
                "linear": stats(_linear(r) for r in finished),
                "minutes": stats(r["seconds"] / 60 for r in finished if r.get("seconds") is not None),
-               "images_per_s": stats(r.get("images_per_s") for r in finished)}
+               "images_per_s": stats(r.get("images_per_s") for r in finished),
+               "gpu_share": _join(str(r["gpu_share"]) for r in finished if r.get("gpu_share"))}
         row["knn_min"] = row["knn"]["min"] if row["knn"] else None
         for epoch in at:
             row[f"knn@{epoch}"] = stats(_knn_at(r, epoch) for r in finished)
@@ -561,6 +564,8 @@ def study(paths, at=(), per_run=False, only=None):
                ("n", "n", ""), ("failed", "failed", ""), *marks, ("knn", "final kNN top-1", ".4f"),
                ("knn_min", "min", ".4f"), ("linear", "linear top-1", ".4f"), ("epochs", "epochs", ""),
                ("minutes", "wall clock, min", ".1f"), ("images_per_s", "images/s", ".0f")]
+    if any(r["gpu_share"] for r in rows):  # how many runs shared a GPU: images/s is a run's share
+        columns.append(("gpu_share", "runs a GPU", ""))
     if any(r["unfinished"] for r in rows):
         columns.append(("unfinished", "unfinished", ""))
     if any(r["why"] for r in rows):

@@ -30,7 +30,9 @@ After a run ends well, ``--linear_eval FLAGS`` runs ``python -m uniclr_tf.linear
 --run_dir=RUN FLAGS`` on the same GPU (``--augment_on=device`` on a machine without TensorFlow).
 
 ``OUT/NAME/`` gets a copy of the run's small files (history.json, metrics.json, flags.txt,
-linear_eval.json, config.json), its logs and ``exits.json`` (each phase's exit code);
+linear_eval.json, config.json), its logs, ``exits.json`` (each phase's exit code) and ``shared.json``
+(``{"train": N}``: the most processes of the study on the run's GPU at once while it trained, itself
+included; its images a second are its share of the GPU);
 ``OUT/summary.md`` and ``OUT/summary.json`` the study report (``python -m benchmarks.report study OUT``):
 per configuration the seeds run and failed, kNN and linear top-1 as mean ± std, the training's wall clock
 and images a second (a run's share of its GPU under ``--per_gpu``), and a row per run.
@@ -45,6 +47,7 @@ numbers, the per-epoch kNN, effective rank and embedding std) in one JSON per pl
 """
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -331,6 +334,14 @@ def run_all(args, common, runs):
                      phase, log)
 
     stopping = False
+    peers = {}  # a training run -> the most study processes on its GPU at once, itself included
+
+    def note_peers():
+        on_gpu = collections.Counter(slot[0] for slot in busy)
+        for slot, (name, _process, phase, _log) in busy.items():
+            if phase == "train":
+                peers[name] = max(peers.get(name, 0), on_gpu[slot[0]])
+
     while queue or busy:
         now = time.time()
         if deadline and not stopping and now >= deadline:
@@ -347,6 +358,7 @@ def run_all(args, common, runs):
                 collect(os.path.join(args.runs_dir, name), os.path.join(args.out, name))
                 continue
             launch(free.pop(0), name, "train", command)
+        note_peers()
         for slot, (name, process, phase, log) in list(busy.items()):
             gpu = slot[0]
             code = process.poll()
@@ -360,6 +372,10 @@ def run_all(args, common, runs):
             collect(run_folder, os.path.join(args.out, name))
             exits_path = os.path.join(args.out, name, "exits.json")
             atomic_write_text(exits_path, json.dumps({**(_json(exits_path) or {}), phase: code}))
+            if phase == "train" and name in peers:  # over the calls that resumed it: the most
+                shared_path = os.path.join(args.out, name, "shared.json")
+                before = (_json(shared_path) or {}).get("train", 0)
+                atomic_write_text(shared_path, json.dumps({"train": max(before, peers.pop(name))}))
             print(f"[{time.time() - start:6.0f}s] gpu {gpu}: {phase} {name} exit {code}", flush=True)
             if phase == "train" and code == 0 and args.linear_eval is not None and not stopping:
                 done = _json(os.path.join(run_folder, "linear_eval.json"))

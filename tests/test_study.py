@@ -96,6 +96,11 @@ def test_report_gives_each_configuration_its_wall_clock_and_images_a_second(tmp_
     assert rows["b"]["minutes"] is None and rows["b"]["images_per_s"] is None
     text = report.markdown(report.study([str(out)])[0])
     assert "wall clock, min" in text and "images/s" in text and "| 1.6 ± 0.7 |" in text
+    assert "runs a GPU" not in text  # no run says it shared its GPU
+    (out / "a-s1" / "shared.json").write_text(json.dumps({"train": 3}))
+    rows = {r["configuration"]: r for r in report.study([str(out)])[0][0]["rows"]}
+    assert rows["a"]["gpu_share"] == "3" and rows["b"]["gpu_share"] is None
+    assert "runs a GPU" in report.markdown(report.study([str(out)])[0])
 
 
 def test_report_reads_several_results_and_keeps_a_finished_run_over_an_unfinished_one(tmp_path):
@@ -114,7 +119,8 @@ def test_report_reads_several_results_and_keeps_a_finished_run_over_an_unfinishe
 
 
 def test_per_gpu_runs_share_a_gpu_at_once_with_a_memory_share(tmp_path):
-    """--per_gpu=2 on one GPU: two runs overlap in time, each told to take 0.45 of the GPU's memory."""
+    """--per_gpu=2 on one GPU: two runs overlap in time, each told to take 0.45 of the GPU's memory, and each
+    records that it shared its GPU with another."""
     fake = tmp_path / "fake-python"  # stands in for the interpreter: records its env and a time span
     fake.write_text("#!/bin/sh\nname=$(echo \"$@\" | sed 's/.*--run_name=\\([a-z]*\\).*/\\1/')\n"
                     f"echo \"$CUDA_VISIBLE_DEVICES $XLA_PYTHON_CLIENT_MEM_FRACTION $(date +%s.%N)\" > {tmp_path}/$name.start\n"
@@ -130,6 +136,9 @@ def test_per_gpu_runs_share_a_gpu_at_once_with_a_memory_share(tmp_path):
         spans[name] = (float(start), float((tmp_path / f"{name}.end").read_text()))
     assert spans["b"][0] < spans["a"][1] and spans["a"][0] < spans["b"][1]  # a and b at once
     assert spans["c"][0] >= min(spans["a"][1], spans["b"][1]) - 0.05  # c waits for a free slot
+    shares = {name: json.loads((tmp_path / "out" / name / "shared.json").read_text())["train"] for name in "abc"}
+    assert shares["a"] == shares["b"] == 2 and shares["c"] in (1, 2)
+    assert report.pack_run(str(tmp_path / "out" / "a"))["gpu_share"] == 2
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [r["status"] for r in summary["tables"][-1]["rows"]] == ["not started"] * 3  # no history written
 
