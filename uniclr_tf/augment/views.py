@@ -259,6 +259,11 @@ def takes_batch_key(augmenter):
     return callable(call) and "batch_key" in inspect.signature(call).parameters
 
 
+# A keyed batch gives layer ``i`` of view ``v`` the key folded with ``_KEY_SLOTS * v + i``: room for a chain of
+# up to this many layers (the constructor's is at most 7, Normalize included).
+_KEY_SLOTS = 8
+
+
 def _derive_seed(seed, view, slot):
     return None if seed is None else (int(seed) * 7919 + 101 * view + slot) % (2 ** 31 - 1)
 
@@ -355,6 +360,7 @@ class ViewAugmenter(_BatchLayer):
             ]
             chain = [layer for layer in chain if getattr(layer, "rate", 1.0) > 0.0]
             chain.append(Normalize(self.mean, self.std))
+            assert len(chain) <= _KEY_SLOTS, "a longer chain would share batch keys with the next view"
             self.chains.append(chain)
         self._build_at_init()
 
@@ -460,7 +466,7 @@ class ViewAugmenter(_BatchLayer):
                     view = layer(view)
                 elif batch_key is not None and training:  # each layer of each view: its own key
                     view = layer(view, training=training,
-                                 seed=tf.random.experimental.stateless_fold_in(batch_key, 8 * v + i))
+                                 seed=tf.random.experimental.stateless_fold_in(batch_key, _KEY_SLOTS * v + i))
                 else:
                     view = layer(view, training=training)
             views.append(view)
