@@ -236,7 +236,7 @@ def main(argv=None):
     parser.add_argument("--time_limit", type=float, default=0.0, help="seconds (0: none)")
     parser.add_argument("--min_start", type=float, default=60.0,
                         help="no run starts later than time_limit minus this many seconds")
-    parser.add_argument("--only", default="", help="comma-separated run names")
+    parser.add_argument("--only", default="", help="comma-separated run names, started in that order")
     parser.add_argument("--linear_eval", default=None, help="flags of a linear evaluation after each run")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--summary_only", action="store_true")
@@ -250,7 +250,8 @@ def main(argv=None):
         unknown = sorted(set(wanted) - {n for n, _ in runs})
         if unknown:
             raise SystemExit(f"--only: not in {args.plan}: {', '.join(unknown)}")
-        runs = [r for r in runs if r[0] in wanted]
+        by_name = dict(runs)
+        runs = [(name, by_name[name]) for name in dict.fromkeys(wanted)]  # in the order named
     os.makedirs(args.out, exist_ok=True)
     if not args.summary_only:
         run_all(args, common, runs)

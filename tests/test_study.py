@@ -35,6 +35,10 @@ def test_plan_common_flags_order_and_errors(tmp_path, capsys):
         study.read_plan(write(tmp_path / "empty.plan", "common: --epochs=1\n"))
     with pytest.raises(SystemExit, match="not in"):
         study.main([f"--plan={plan}", f"--out={tmp_path / 'out'}", "--only=zz", "--dry_run"])
+    # --only starts its runs in the order it names them, not the plan's
+    study.main([f"--plan={plan}", f"--out={tmp_path / 'out'}", "--gpus=0", "--dry_run", "--only=b,a"])
+    out = capsys.readouterr().out
+    assert 0 <= out.index("train b") < out.index("train a")
 
 
 def _run(folder, history=(), **metrics):

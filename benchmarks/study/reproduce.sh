@@ -19,7 +19,8 @@
 # still going get SIGTERM (a backup, then exit) and are killed 90 s later if need be; the reports and figures
 # follow, so give T about 2 minutes less than a hard limit. LINEAR_EVAL: the linear evaluation's flags
 # (default: augmentation on the device, so a machine with JAX only runs all of it), "none" for none.
-# ONLY: these runs of the plans only (comma-separated names; the reports still cover every run the results hold).
+# ONLY: these runs of the plans only, started in the order named (comma-separated names; longest first packs
+# the GPUs best under T; the reports still cover every run the results hold).
 # PYTHON: the figures' interpreter (needs matplotlib; without it the reports are written and the figures
 # skipped). A generated plan (robustness, full_schedule) must match `python -m benchmarks.study plan NAME`.
 # Exit status: 0 when every run of the plans finished, 3 while some have not (run the command again; a run that
