@@ -336,7 +336,8 @@ def test_the_curated_results_draw_every_figure_of_the_reproduction_page(tmp_path
 
 def test_every_config_the_full_schedule_covers_quotes_its_numbers_in_its_header_and_the_readme():
     """A config whose 3 seeds of full_schedule.json all finished quotes their kNN and linear top-1 (mean ± std)
-    in its own header and in README's results table, so neither drifts from the curated results."""
+    in its own header and in README's results table (with its wall clock and images/s), so neither drifts
+    from the curated results."""
     tables, _ = report.study([str(REPO_ROOT / "benchmarks" / "results" / "study" / "full_schedule.json")])
     readme = (REPO_ROOT / "README.md").read_text()
     quoted = 0
@@ -352,6 +353,9 @@ def test_every_config_the_full_schedule_covers_quotes_its_numbers_in_its_header_
             assert f"{mean:.4f} +- {std:.4f}" in header, (config, key)
             assert f"| {mean:.4f} ± {std:.4f} |" in line, (config, key, line)
         assert f"| {row['epochs']} |" in line
+        # and its wall clock and images/s, with how many runs shared the GPU when more than one did
+        share = "" if row["gpu_share"] == "1" else f" ({row['gpu_share']} a GPU)"
+        assert f"| {row['minutes']['mean']:.1f} | {row['images_per_s']['mean']:,.0f}{share} |" in line, line
         quoted += 1
     assert quoted >= 1
 
