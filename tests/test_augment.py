@@ -639,3 +639,22 @@ def test_views_in_a_tf_step_are_keyed_by_the_step_so_a_resumed_model_draws_the_s
     assert len(set(losses)) == 3, losses  # new views every step
     resumed = float(model_at(2).train_on_batch(images, return_dict=True)["objective_loss"])
     assert resumed == losses[2], (resumed, losses)
+
+
+def test_a_seed_generator_passed_as_seed_draws_from_it():
+    """``get_random_transformation(..., seed=)`` takes a Keras ``SeedGenerator`` as Keras's own layers do: a draw
+    from it (reproducible from its seed, new on each call), not the path of a TensorFlow batch key."""
+    import keras
+
+    from uniclr_tf.augment.layers import RandomResizedCrop
+
+    layer = RandomResizedCrop(8, 8, seed=0)
+
+    def boxes(generator, n=2):
+        return [np.stack([np.asarray(t) for t in layer.get_random_transformation(4, (16, 16), seed=generator).values()])
+                for _ in range(n)]
+
+    first, second = boxes(keras.random.SeedGenerator(5))
+    again = boxes(keras.random.SeedGenerator(5))[0]
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, second)

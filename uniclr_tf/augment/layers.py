@@ -99,12 +99,12 @@ class _BatchLayer(DataLayer):
         atomically; elsewhere from the Keras ``SeedGenerator`` (threaded by ``stateless_call``
         under ``jax.jit``). A Keras ``SeedGenerator`` is NOT safe in a parallel ``tf.data`` map:
         its read-then-assign races, and two batches drew identical parameters (6 of 4000 with
-        ``num_parallel_calls=8`` on 2 cores). An explicit int seed gives a stateless draw, and so does a
-        TensorFlow key ``[2]`` (what :meth:`ViewAugmenter.call` passes for a ``batch_key``): a function of
-        the key alone.
+        ``num_parallel_calls=8`` on 2 cores). An explicit int seed gives a stateless draw, a Keras
+        ``SeedGenerator`` a draw from it, and a TensorFlow key ``[2]`` (what :meth:`ViewAugmenter.call`
+        passes for a ``batch_key``) a stateless draw that is a function of the key alone.
         """
         shape = (batch_size, count)
-        if seed is not None and not isinstance(seed, (int, np.integer)):
+        if seed is not None and not isinstance(seed, (int, np.integer, keras.random.SeedGenerator)):
             import tensorflow as tf  # a key tensor is TensorFlow's: only reached on that path
 
             return tf.random.stateless_uniform(shape, seed=seed, dtype=tf.float32)

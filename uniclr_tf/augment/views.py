@@ -446,7 +446,9 @@ class ViewAugmenter(_BatchLayer):
         uninterrupted one would have. None draws from the layers' own random streams."""
         images, _ = self._prepare(images)
         x = images * (1.0 / self.input_scale)
-        if batch_key is not None and training:
+        if not training:
+            batch_key = None  # the identity views: nothing to draw
+        if batch_key is not None:
             if self.backend.name != "tensorflow":
                 raise ValueError("ViewAugmenter: batch_key is a TensorFlow stateless key and needs the "
                                  "TensorFlow path (tf.data, or the TensorFlow backend); received it on "
@@ -464,7 +466,7 @@ class ViewAugmenter(_BatchLayer):
             for i, layer in enumerate(chain):
                 if isinstance(layer, Normalize):
                     view = layer(view)
-                elif batch_key is not None and training:  # each layer of each view: its own key
+                elif batch_key is not None:  # each layer of each view: its own key
                     view = layer(view, training=training,
                                  seed=tf.random.experimental.stateless_fold_in(batch_key, _KEY_SLOTS * v + i))
                 else:
