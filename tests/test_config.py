@@ -180,6 +180,11 @@ def test_a_flat_config_json_and_flags_txt_written_before_still_load_and_resume(t
     assert replayed.differences(old) == []
     assert train.run_path(replayed) == str(run_dir)
     assert train.prepare_run_folder(replayed, str(run_dir)) == ("resume", None)  # no backup yet: step 0
+    # as the CLI checks it: every method option written out, options added since (l2_first) at their default
+    assert "l2_first" not in old.options and replayed.resolved().options["l2_first"] is False
+    assert train.prepare_run_folder(replayed.resolved(), str(run_dir)) == ("resume", None)
+    with pytest.raises(UsageError, match=r"--l2_first: False in the folder, True now"):
+        train.prepare_run_folder(replayed.replace(method_options={**replayed.options, "l2_first": True}), str(run_dir))
     changed = replayed.replace(batch_size=128)
     with pytest.raises(UsageError, match=r"--batch_size: 256 in the folder, 128 now"):
         train.prepare_run_folder(changed, str(run_dir))

@@ -314,3 +314,20 @@ def test_dino_teacher_temperature_warm_up_and_centre():
     kernel = np.asarray(layer.kernel)
     x = np.random.default_rng(1).normal(size=(4, kernel.shape[0])).astype("float32")
     np.testing.assert_allclose(np.asarray(layer(x)), x @ (kernel / np.linalg.norm(kernel, axis=0)), rtol=1e-5, atol=1e-6)
+
+
+def test_l2_first_reaches_simwhitening_and_simtrace_and_only_them():
+    """``--l2_first`` (the authors' code) is the objective's ``l2_first``: the method's loss with it is
+    the objective's with it, not the default's; methods without whitening refuse it."""
+    from uniclr_tf import objectives
+    rng = np.random.default_rng(0)
+    z1 = (rng.normal(size=(32, 8)) * rng.uniform(0.5, 3, 8) + 0.3).astype("float32")
+    z2 = (z1 + 0.5 * rng.normal(size=(32, 8))).astype("float32")
+    simwhitening = lambda a, b, **kw: objectives.sim_whitening_loss(a, b, gamma=0.0, **kw)  # pair_loss's γ: 0
+    for name, loss in (("simtrace", objectives.sim_trace_loss), ("simwhitening", simwhitening)):
+        assert methods.create(name).options["l2_first"] is False  # the paper
+        got = float(methods.create(name, l2_first=True).pair_loss(z1, z2, None)[0])
+        assert got == pytest.approx(float(loss(z1, z2, l2_first=True)), rel=1e-6), name
+        assert got != pytest.approx(float(loss(z1, z2)), rel=1e-4), name
+    with pytest.raises(ValueError, match="--l2_first.*does not apply to --method=simaffinity"):
+        TrainConfig.make(method="simaffinity", l2_first=True)

@@ -95,6 +95,22 @@ def ref_sim_trace(z1, z2, eps=1e-4, stats=None):
     return float(-np.trace((z1 - mu) @ np.linalg.solve(cov, (z2 - mu).T)) / z1.shape[0])
 
 
+def ref_authors(q, k, kind, tau=1.0, gamma=0.01, ddof=1):
+    """The authors' code (UniCLR_built_on_MoCov3, moco/builder.py: SimWhitening.simwhitening_loss,
+    SimTrace.simtrace_loss), in float64: q, k ℓ2-normalised first, their joint mean and covariance
+    over 2N − ddof rows plus 0.01·I, an explicit inverse, A = (q − μ)Σ⁻¹(k − μ)ᵀ; SimTrace −tr(A)/N,
+    SimWhitening CE(A/N/τ) + γ‖A/N/τ − (A/N/τ)ᵀ‖_F. ddof=1 is theirs, ddof=0 this project's covariance."""
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+    q, k = unit(np.asarray(q, np.float64)), unit(np.asarray(k, np.float64))
+    z = np.concatenate([q, k])
+    mu = z.mean(axis=0)
+    cov = (z - mu).T @ (z - mu) / (z.shape[0] - ddof) + 0.01 * np.eye(z.shape[1])
+    a = (q - mu) @ np.linalg.inv(cov) @ (k - mu).T
+    if kind == "simtrace":
+        return float(-np.trace(a) / q.shape[0])
+    return ref_affinity_objective(a / q.shape[0] / tau, gamma)
+
+
 def views(seed, n, d, dtype=np.float32, noise=0.5, offset=0.3):
     """Two correlated views with a non-zero mean and unequal scales per dimension."""
     rng = np.random.default_rng(seed)
@@ -155,6 +171,24 @@ def test_whitening_family_matches_float64_reference(n, d, seed):
     assert rel_err(got, ref_sim_trace(x1, x2, 1e-4)) <= 1e-4
     got = obj.sim_trace_loss(z1, z2, eps=0.1)
     assert rel_err(got, ref_sim_trace(x1, x2, 0.1)) <= 1e-4
+
+
+@pytest.mark.parametrize("n,d,seed", SHAPES)
+def test_l2_first_reproduces_the_authors_simwhitening_and_simtrace(n, d, seed):
+    """``l2_first`` with the one-sided form (SimWhitening) or ε = 0.01 (SimTrace) is the authors' code
+    up to its covariance's 2N − 1 (this one's 2N), a relative change under 1/N; without ``l2_first``
+    (the paper) the raw embeddings are whitened and the values are several times further off."""
+    z1, z2 = views(seed, n, d)
+    x1, x2 = z1.astype(np.float64), z2.astype(np.float64)
+    cases = {"simwhitening": lambda **kw: obj.sim_whitening_loss(z1, z2, temperature=0.5, gamma=0.1,
+                                                                  mode="one_sided", **kw),
+             "simtrace": lambda **kw: obj.sim_trace_loss(z1, z2, eps=0.01, stop_gradient_cov=True, **kw)}
+    for kind, loss in cases.items():
+        got = float(loss(l2_first=True))
+        assert rel_err(got, ref_authors(x1, x2, kind, tau=0.5, gamma=0.1, ddof=0)) <= 1e-4, kind
+        authors = ref_authors(x1, x2, kind, tau=0.5, gamma=0.1)
+        assert rel_err(got, authors) <= 1 / n, kind
+        assert rel_err(float(loss()), authors) > 5 * rel_err(got, authors), kind
 
 
 def test_float64_inputs_stay_float64_and_exact():
@@ -225,7 +259,12 @@ GRAD_CASES = {
                                             stop_gradient_cov=True),
         lambda a, b: ref_sim_whitening(a, b, gamma=0.1, mode="one_sided",
                                        stats=_STATS_ONE_SIDED)),
+    "simwhitening_one_sided_l2_first": (
+        lambda a, b: obj.sim_whitening_loss(a, b, mode="one_sided", gamma=0.1, l2_first=True),
+        lambda a, b: ref_authors(a, b, "simwhitening", gamma=0.1, ddof=0)),
     "simtrace": (lambda a, b: obj.sim_trace_loss(a, b), lambda a, b: ref_sim_trace(a, b)),
+    "simtrace_l2_first": (lambda a, b: obj.sim_trace_loss(a, b, eps=0.01, l2_first=True),
+                          lambda a, b: ref_authors(a, b, "simtrace", ddof=0)),
     "simtrace_sg": (lambda a, b: obj.sim_trace_loss(a, b, stop_gradient_cov=True),
                     lambda a, b: ref_sim_trace(a, b, stats=_STATS)),
 }

@@ -84,6 +84,8 @@ COMMON_OPTIONS = {
     "whitening_mode": Option(str, "SimWhitening: cholesky (paper) or one_sided (authors' code).",
                              choices=("cholesky", "one_sided")),
     "stop_gradient_cov": Option(bool, "Stop the gradient through the whitening statistics (authors' code)."),
+    "l2_first": Option(bool, "SimWhitening / SimTrace: l2-normalise the embeddings before the whitening "
+                             "statistics (authors' code; the paper whitens them as they are)."),
     "whitening_groups": Option(int, "Whiten G feature groups separately (block-diagonal covariance; cheap "
                                     "at large D); 1 is the paper's full whitening.", _positive,
                                "a positive divisor of the embedding size"),

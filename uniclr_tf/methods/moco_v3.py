@@ -1,7 +1,8 @@
 """MoCo v3 (Chen, Xie, He, ICCV 2021, arXiv 2104.02057).
 
 EMA target (0.99 rising to 1 on a cosine) and a predictor on the online branch; symmetrised InfoNCE
-over the batch (the other keys of the batch are the negatives, no queue), τ 0.2. The authors scale
+over the batch (the other keys of the batch are the negatives, no queue), τ 0.2 (the paper's ViT
+setting and solo-learn's CIFAR one; the official ResNet-50 recipe keeps τ 1.0). The authors scale
 the loss by 2τ and sum the two directions; here the directions are averaged (LARS's trust ratio
 absorbs the constant).
 """

@@ -14,7 +14,7 @@ from uniclr_tf.methods.base import SYMMETRIC_DEFAULTS, Method
 
 PAPER = "Li et al. 2022, arXiv 2211.14516"
 _TRICKS = {"ema_momentum": 0.0, "predictor": False}
-_WHITENING = {"eps": 1e-4, "stop_gradient_cov": False, "whitening_groups": 1}
+_WHITENING = {"eps": 1e-4, "stop_gradient_cov": False, "whitening_groups": 1, "l2_first": False}
 
 
 class SimAffinity(Method):
@@ -55,7 +55,8 @@ class SimWhitening(Method):
         return objectives.sim_whitening_loss(
             online, target, temperature=o["temperature"], gamma=gamma, eps=o["eps"],
             mode=o["whitening_mode"], stop_gradient_cov=o["stop_gradient_cov"],
-            symmetric_directions=o["symmetric_directions"], groups=o["whitening_groups"], return_terms=True)
+            symmetric_directions=o["symmetric_directions"], groups=o["whitening_groups"], l2_first=o["l2_first"],
+            return_terms=True)
 
 
 class SimTrace(Method):
@@ -70,4 +71,4 @@ class SimTrace(Method):
     def pair_loss(self, online, target, state):
         o = self.options
         return objectives.sim_trace_loss(online, target, eps=o["eps"], stop_gradient_cov=o["stop_gradient_cov"],
-                                         groups=o["whitening_groups"], return_terms=True)
+                                         groups=o["whitening_groups"], l2_first=o["l2_first"], return_terms=True)

@@ -23,8 +23,8 @@ Losses return scalars that are means over this call's rows (a per-replica mean: 
 bfloat16 / float16 inputs are upcast to float32 before any arithmetic.
 
 The authors' public code differs from the paper in a few places; each difference is a keyword
-option that defaults to the paper: ``mode="one_sided"`` (SimWhitening), ``stop_gradient_cov``
-(whitening-based losses), ``symmetric_directions`` (cross-entropy losses).
+option that defaults to the paper: ``mode="one_sided"`` (SimWhitening), ``l2_first`` and
+``stop_gradient_cov`` (whitening-based losses), ``symmetric_directions`` (cross-entropy losses).
 
 Cheap whitening (not in the paper): ``groups=G`` on the whitening-based losses whitens ``G``
 feature groups separately (block-diagonal ``Σ``; see :func:`uniclr_tf.objectives.whitening.group_whiten`),
@@ -103,8 +103,11 @@ def _affinity_objective(a, gamma, symmetric_directions, return_terms=False):
     return (loss, {"cross_entropy": ce, "symmetry": symmetry}) if return_terms else loss
 
 
-def _whiten(z1, z2, eps, stop_gradient_cov, groups):
-    """:func:`whiten` (``groups == 1``, the paper) or its cheap feature-group form."""
+def _whiten(z1, z2, eps, stop_gradient_cov, groups, l2_first=False):
+    """:func:`whiten` (``groups == 1``, the paper) or its cheap feature-group form; with ``l2_first``,
+    of the ℓ2-normalised rows (the authors' code)."""
+    if l2_first:
+        z1, z2 = l2_normalize(z1), l2_normalize(z2)
     if isinstance(groups, (int, float)) and not isinstance(groups, bool) and groups == 1:
         return whiten(z1, z2, eps=eps, stop_gradient_cov=stop_gradient_cov)
     return group_whiten(z1, z2, groups=groups, eps=eps, stop_gradient_cov=stop_gradient_cov)
@@ -172,7 +175,7 @@ def sim_affinity_loss(z1, z2, temperature=0.5, gamma=0.01, symmetric_directions=
 
 def sim_whitening_loss(z1, z2, temperature=1.0, gamma=0.01, eps=1e-4, mode="cholesky",
                        stop_gradient_cov=False, symmetric_directions=False, one_sided_ridge=0.01,
-                       return_terms=False, groups=1):
+                       return_terms=False, groups=1, l2_first=False):
     """SimWhitening: SimAffinity on Cholesky-whitened, then ℓ2-normalised views (UniCLR Eq. 2, 6, §3.2).
 
     Rows are samples: ``z1``, ``z2`` are ``[N, D]``. ``mode="cholesky"`` (the paper)::
@@ -187,7 +190,8 @@ def sim_whitening_loss(z1, z2, temperature=1.0, gamma=0.01, eps=1e-4, mode="chol
         A = (z1 − μ)(Σ₀ + 0.01·I)⁻¹(z2 − μ)ᵀ / N / τ      # Σ₀ the plain joint covariance
 
     computed as ``w1 w2ᵀ / N / τ`` through the Cholesky factor (never an explicit inverse), then the
-    same CE + γ‖A − Aᵀ‖_F. In ``"cholesky"`` mode it needs ``2N > D``: with ``2N ≤ D`` and a small
+    same CE + γ‖A − Aᵀ‖_F. The authors' code also ℓ2-normalises ``z1``, ``z2`` before the statistics
+    (``l2_first=True``; its covariance divides by ``2N − 1``, this one by ``2N``). In ``"cholesky"`` mode it needs ``2N > D``: with ``2N ≤ D`` and a small
     ε the whitened rows are mutually orthogonal, ``A`` is constant and the loss ≈ log N (flat).
 
     Args:
@@ -203,6 +207,8 @@ def sim_whitening_loss(z1, z2, temperature=1.0, gamma=0.01, eps=1e-4, mode="chol
         groups: whiten ``groups`` contiguous feature groups separately (block-diagonal ``Σ``, see
             :func:`uniclr_tf.objectives.whitening.group_whiten`): much cheaper at large ``D``, an
             approximation of the paper's full whitening; 1 (default) is the paper.
+        l2_first: ℓ2-normalise ``z1``, ``z2`` before ``μ``, ``Σ`` and the whitening (the authors'
+            code); default False (the paper whitens the embeddings themselves).
 
     Returns:
         Scalar mean over the ``N`` rows, float32 (float64 for float64 inputs).
@@ -213,17 +219,17 @@ def sim_whitening_loss(z1, z2, temperature=1.0, gamma=0.01, eps=1e-4, mode="chol
         raise ValueError(f"`mode` must be one of {WHITENING_MODES}; received mode={mode!r}")
     if mode == "cholesky":
         check_positive(eps, "eps")
-        w1, w2 = _whiten(z1, z2, eps, stop_gradient_cov, groups)
+        w1, w2 = _whiten(z1, z2, eps, stop_gradient_cov, groups, l2_first)
         a = affinity_matrix(w1, w2, temperature=temperature)
     else:
         check_positive(one_sided_ridge, "one_sided_ridge")
-        w1, w2 = _whiten(z1, z2, one_sided_ridge, stop_gradient_cov, groups)
+        w1, w2 = _whiten(z1, z2, one_sided_ridge, stop_gradient_cov, groups, l2_first)
         n = ops.cast(ops.shape(w1)[0], w1.dtype)
         a = ops.matmul(w1, ops.transpose(w2)) / (n * as_dtype(temperature, w1.dtype))
     return _affinity_objective(a, gamma, symmetric_directions, return_terms)
 
 
-def sim_trace_loss(z1, z2, eps=1e-4, stop_gradient_cov=False, return_terms=False, groups=1):
+def sim_trace_loss(z1, z2, eps=1e-4, stop_gradient_cov=False, return_terms=False, groups=1, l2_first=False):
     """SimTrace: ``−(1/N) tr((z1 − μ) Σ⁻¹ (z2 − μ)ᵀ)`` (UniCLR Eq. 3, 4).
 
     Rows are samples: ``z1``, ``z2`` are ``[N, D]``; ``μ``, ``Σ`` are the joint statistics of both
@@ -244,13 +250,16 @@ def sim_trace_loss(z1, z2, eps=1e-4, stop_gradient_cov=False, return_terms=False
         groups: whiten ``groups`` contiguous feature groups separately (block-diagonal ``Σ``, see
             :func:`uniclr_tf.objectives.whitening.group_whiten`); the loss is then the sum of the groups'
             SimTrace losses. 1 (default) is the paper.
+        l2_first: ℓ2-normalise ``z1``, ``z2`` before ``μ``, ``Σ`` and the whitening. The authors' code
+            does (with ``stop_gradient_cov`` and a ridge of 0.01, its covariance over ``2N − 1``); the
+            paper does not ("we even do not use ℓ2 normalization for SimTrace"); default False.
 
     Returns:
         Scalar (a mean over the ``N`` rows), float32 (float64 for float64 inputs); with
         ``return_terms``, ``(loss, terms)``.
     """
     check_positive(eps, "eps")
-    w1, w2 = _whiten(z1, z2, eps, stop_gradient_cov, groups)
+    w1, w2 = _whiten(z1, z2, eps, stop_gradient_cov, groups, l2_first)
     loss = -ops.mean(ops.sum(w1 * w2, axis=1))
     return (loss, {"trace": loss}) if return_terms else loss
 

@@ -174,6 +174,16 @@ def keep_changed_defaults(cfg, run_dir):
     return cfg.replace(**kept) if kept else cfg
 
 
+def _resolved(cfg):
+    """``cfg`` with every method option written out: an option added since a run was made takes its
+    default, as the run did without it; unresolvable (an option the method no longer takes), as it is,
+    so that the differences name it."""
+    try:
+        return cfg.resolved()
+    except (ValueError, TypeError):
+        return cfg
+
+
 def prepare_run_folder(cfg, run_dir):
     """Decides what to do with ``run_dir``: returns ``("new", None)``, ``("resume", state or None)`` or
     ``("finished", metrics)``; raises ValueError when it holds a run with other flags (unless
@@ -196,7 +206,7 @@ def prepare_run_folder(cfg, run_dir):
     except (OSError, ValueError, TypeError) as e:
         raise UsageError(f"--run_name: {run_dir} holds a run whose config.json is unreadable ({e}); pass "
                          "--overwrite to start it again, or another --run_name") from None
-    diffs = cfg.differences(old)
+    diffs = _resolved(cfg).differences(_resolved(old))
     if diffs:
         listed = "; ".join(f"--{k}: {b!r} in the folder, {a!r} now" for k, a, b in diffs[:8])
         more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
