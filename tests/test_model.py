@@ -123,6 +123,25 @@ def test_fit_reports_terms_and_probe():
     assert hist["ema_momentum"][0] >= 0.99
 
 
+def test_an_ema_schedule_left_open_ends_with_each_fit_so_the_target_keeps_moving():
+    """``ema_total_steps=None``: the first fit's momentum rises to 1 at its last step; a second fit
+    (``initial_epoch=1``, as docs/api.md continues) extends the schedule over its own steps, so its
+    momentum is under 1 and the target moves, where a schedule kept from the first fit froze it."""
+    model = small_model("simtrace", predictor=True, ema=0.9, total=None)
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
+    ds = tf.data.Dataset.from_tensors(views()).repeat()
+    first = model.fit(ds, epochs=1, steps_per_epoch=4, verbose=0).history["ema_momentum"]
+    assert model.ema_total_steps == 4 and first[0] < 1.0
+    target = [np.array(t) for t, _ in model._ema_pairs]
+    second = model.fit(ds, epochs=2, initial_epoch=1, steps_per_epoch=4, verbose=0).history["ema_momentum"]
+    assert model.ema_total_steps == 8
+    # the mean logged momentum of steps 5..8 of BYOL's cosine over 8 steps
+    want = np.mean([float(momentum_schedule(i, 8, 0.9)) for i in range(4, 8)])
+    assert second[0] == pytest.approx(want, rel=1e-5) and second[0] < 1.0
+    assert max(np.max(np.abs(np.array(t) - t0)) for (t, _), t0 in zip(model._ema_pairs, target)) > 1e-6
+    assert model.get_config()["ema_total_steps"] is None  # a reloaded model sets it from its next fit
+
+
 def test_invalid_arguments_are_rejected():
     with pytest.raises(ValueError, match="method: expected one of"):
         small_model("nope")

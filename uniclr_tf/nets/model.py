@@ -146,13 +146,28 @@ def _check_head(head, arg, input_dim):
 
 
 class _EMAScheduleFromFit(keras.callbacks.Callback):
-    """Sets an EMA schedule left open (``ema_total_steps=None``) to the ``fit`` call's steps, before
-    the train step is traced."""
+    """Sets an EMA schedule left open (``ema_total_steps=None``) to end with the ``fit`` call's last
+    step, before the train step is traced: ``epochs × steps`` for the first call, and for a later
+    call (``fit(epochs=4, initial_epoch=2)`` after ``fit(epochs=2)``, or ``fit`` again) the steps
+    done so far plus this call's, so that the target keeps moving; a changed schedule is traced
+    again."""
+
+    def __init__(self, initial_epoch=0):
+        super().__init__()
+        self.initial_epoch = int(initial_epoch or 0)
 
     def on_train_begin(self, logs=None):
         model, params = self.model, self.params or {}
-        if model.ema_total_steps is None and params.get("steps") and params.get("epochs"):
-            model.ema_total_steps = max(int(params["epochs"]) * int(params["steps"]), 1)
+        steps, epochs = params.get("steps"), params.get("epochs")
+        if not steps or not epochs:
+            return
+        done = int(np.asarray(keras.ops.convert_to_numpy(model.optimizer.iterations)))
+        total = max(int(epochs) * int(steps), done + (int(epochs) - self.initial_epoch) * int(steps), 1)
+        if total != model.ema_total_steps:
+            traced = model.ema_total_steps is not None
+            model.ema_total_steps = total
+            if traced:
+                model.make_train_function(force=True)
 
 
 @functools.lru_cache(maxsize=8)
@@ -225,8 +240,9 @@ class UniCLR(train_step_mixin(), keras.Model):
       gather_across_replicas: under a ``tf.distribute`` strategy, gather embeddings from every replica
         so negatives, covariance and cross-correlation are global (default); False keeps them per
         replica. Under JAX ``keras.distribution.DataParallel`` arrays are global anyway.
-      ema_total_steps: steps over which the EMA momentum rises to 1; None: the steps of the first
-        ``fit`` call (epochs x steps per epoch); outside ``fit`` the momentum then stays at its base.
+      ema_total_steps: steps over which the EMA momentum rises to 1; None: to the last step of each
+        ``fit`` call (the first spans its epochs x steps per epoch, a later one the steps done plus
+        its own); before any ``fit`` the momentum stays at its base.
       steps_per_epoch: the steps of an epoch, for methods with schedules in epochs (SwAV's prototype
         freezing, DINO's teacher temperature warm-up); None: those schedules are off.
       projector_dims: the layer sizes of the default projector (default ``(2048, 2048, 256)``).
@@ -280,6 +296,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         if ema_total_steps is not None and (isinstance(ema_total_steps, bool) or int(ema_total_steps) < 1):
             raise ValueError(f"ema_total_steps must be an integer >= 1 or None; received {ema_total_steps!r}")
         self.ema_total_steps = None if ema_total_steps is None else int(ema_total_steps)
+        self._ema_steps_from_fit = ema_total_steps is None
         self.augmenter = augmenter
         self.num_global = int(num_global)
         self.num_classes = int(num_classes) if num_classes else None
@@ -344,7 +361,8 @@ class UniCLR(train_step_mixin(), keras.Model):
             "num_global": self.num_global,
             "num_classes": self.num_classes,
             "gather_across_replicas": self.gather_across_replicas,
-            "ema_total_steps": self.ema_total_steps,  # set by the first fit when it was left open
+            # left open, it stays open: the next fit sets it from the steps done and its own
+            "ema_total_steps": None if self._ema_steps_from_fit else self.ema_total_steps,
             "steps_per_epoch": self.steps_per_epoch,
         }
 
@@ -392,13 +410,14 @@ class UniCLR(train_step_mixin(), keras.Model):
                     v.assign(np.asarray(store[key]))
 
     def fit(self, *args, **kwargs):
-        """Keras' ``fit``; with ``ema_total_steps=None`` (and an EMA target), the EMA schedule spans
-        this call's epochs x steps per epoch (taken from the first ``fit``)."""
-        if self._ema_pairs and self.ema_total_steps is None:
+        """Keras' ``fit``; with ``ema_total_steps=None`` (and an EMA target), the EMA momentum reaches 1
+        at this call's last step: the first call's schedule spans its epochs x steps per epoch, a later
+        call's (``fit(epochs=4, initial_epoch=2)``, or ``fit`` again) the steps done plus its own."""
+        if self._ema_pairs and self._ema_steps_from_fit:
             callbacks = kwargs.get("callbacks")
             callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else (
                 [] if callbacks is None else [callbacks])
-            kwargs["callbacks"] = callbacks + [_EMAScheduleFromFit()]
+            kwargs["callbacks"] = callbacks + [_EMAScheduleFromFit(kwargs.get("initial_epoch", 0))]
         return super().fit(*args, **kwargs)
 
     def _needs_a_batch_to_build(self):
