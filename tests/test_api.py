@@ -161,6 +161,17 @@ else:
     from_tf = keras.saving.load_model(os.path.join(SAVED, "tensorflow.done.keras"))
     out["tf_model_on_jax"] = from_tf.fit(images, labels, batch_size=16, epochs=1, verbose=0).history["loss"][-1]
 out["replicated"] = replicated.fit(images, labels, batch_size=16, epochs=1, verbose=0).history["loss"][-1]
+
+keras.distribution.set_distribution(None) if backend == "jax" else None
+again = build()  # a fit that fails in its first step (3-channel images, a 1-channel model), then a good one
+try:
+    again.fit(np.repeat(images, 3, -1), labels, batch_size=16, epochs=1, verbose=0)
+    out["bad_fit"] = "trained"
+except ValueError:
+    out["bad_fit"] = "refused"
+start = [np.array(w) for w in again.encoder.weights]
+out["after_bad_fit"] = again.fit(images, labels, batch_size=16, epochs=1, verbose=0).history["loss"][-1]
+out["after_bad_fit_moved"] = any(not np.array_equal(a, np.array(b)) for a, b in zip(start, again.encoder.weights))
 print(json.dumps(out))
 """
 
@@ -183,6 +194,8 @@ def test_keras_conventions_on_both_backends(tmp_path):
         assert out["ema_total_steps"] == 9
         assert out["reloaded"] == ["UniCLR", "byol", True]
         assert out["continued_equal"], out  # weights, optimizer, EMA and the views' random state restored
+        # a fit refused in its first step leaves the model as usable as a plain Keras model is
+        assert out["bad_fit"] == "refused" and np.isfinite(out["after_bad_fit"]) and out["after_bad_fit_moved"], out
     assert np.isfinite(jax_out["tf_model_on_jax"])
 
 

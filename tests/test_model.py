@@ -80,6 +80,25 @@ def test_unpack_distinguishes_views_and_labels():
     assert y is labels and len(x) == 2
     x, y = unpack((v[0], labels))
     assert y is labels and x is v[0]
+    # keras.datasets' [B, 1] labels and one-hot labels are class ids too, not a second view
+    for given in (labels[:, None], np.eye(16, dtype="float32")[labels]):
+        x, y = unpack((v[0], given))
+        assert x is v[0] and np.array_equal(np.asarray(y), labels), given.shape
+    x, y = unpack({"images": v[0], "labels": labels[:, None]})
+    assert np.array_equal(np.asarray(y), labels)
+
+
+def test_the_probe_learns_the_same_from_labels_in_any_of_their_forms():
+    model = small_model("simtrace", num_classes=3)
+    labels = np.arange(16) % 3
+    losses = [float(model.compute_objective((views(), given), training=False)[1]["probe_loss"])
+              for given in (labels, labels[:, None], np.eye(3, dtype="float32")[labels])]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6) and losses[0] == pytest.approx(losses[2], rel=1e-6)
+    # fit one form after another: the TF step traced again for a later form sees labels of unknown rank
+    model.compile(optimizer=keras.optimizers.SGD(0.01))
+    for given in (labels[:, None], np.eye(3, dtype="float32")[labels], labels):
+        hist = model.fit(views(), given, batch_size=16, epochs=1, verbose=0).history
+        assert np.isfinite(hist["probe_loss"][0]), given.shape
 
 
 def test_ema_target_starts_as_exact_copy():
@@ -140,6 +159,29 @@ def test_an_ema_schedule_left_open_ends_with_each_fit_so_the_target_keeps_moving
     assert second[0] == pytest.approx(want, rel=1e-5) and second[0] < 1.0
     assert max(np.max(np.abs(np.array(t) - t0)) for (t, _), t0 in zip(model._ema_pairs, target)) > 1e-6
     assert model.get_config()["ema_total_steps"] is None  # a reloaded model sets it from its next fit
+
+
+def test_evaluate_and_validation_are_refused_with_what_to_use_instead():
+    model = small_model("byol", predictor=True, ema=0.99, total=None)
+    assert float(model.current_ema_momentum()) == pytest.approx(0.99)  # before compile: the base
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
+    before = [np.array(w) for w in model.weights]
+    with pytest.raises(NotImplementedError, match=r"UniCLR.evaluate: .*uniclr_tf.knn_eval"):
+        model.evaluate(views(), verbose=0)
+    for kwargs in ({"validation_split": 0.25}, {"validation_data": (views(),)}):
+        with pytest.raises(ValueError, match=rf"UniCLR.fit: {next(iter(kwargs))} is not supported.*KNNMonitor"):
+            model.fit(views(), batch_size=8, epochs=1, verbose=0, **kwargs)
+    assert all(np.array_equal(b, np.array(w)) for b, w in zip(before, model.weights))  # nothing trained
+
+
+def test_a_wmse_batch_too_small_for_its_sub_batches_is_refused_by_the_api_as_by_the_cli():
+    """W-MSE whitens sub-batches that must exceed the embedding size: 16 rows against 32 features is
+    refused at the first step, naming what to change, instead of training on a singular covariance."""
+    keras.utils.set_random_seed(1)
+    model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 32)), method="wmse")
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
+    with pytest.raises(ValueError, match=r"whitening_size=16.*exceed the embedding size 32.*batch size given to fit"):
+        model.fit(views(), batch_size=16, epochs=1, verbose=0)
 
 
 def test_invalid_arguments_are_rejected():

@@ -79,14 +79,34 @@ def unpack(data):
     of ``train_on_batch``.
     """
     if isinstance(data, dict):
-        return data.get("views", data.get("images")), data.get("labels")
+        x = data.get("views", data.get("images"))
+        return x, _class_ids(data.get("labels"), x)
     if _is_views(data) and len(data) == 1:  # Keras' packing of ``x`` alone: ``(x,)``
         return unpack(data[0])
     if _is_views(data) and len(data) >= 2:
         first, second = data[0], data[1]
-        if _is_views(first) or second is None or len(second.shape) == 1:
-            return first, second
+        if _is_views(first) or second is None or _rank(second) is None or _rank(second) < _rank(first):
+            return first, _class_ids(second, first)
     return data, None
+
+
+def _rank(x):
+    """``x``'s number of axes; None where it is unknown (a TF function traced for several label forms)."""
+    shape = x.shape
+    return len(shape) if isinstance(shape, (tuple, list)) else getattr(shape, "rank", None)
+
+
+def _class_ids(labels, x):
+    """Labels as ``[B]`` class ids: ``[B]`` as they are, ``[B, 1]`` (``keras.datasets``' form) squeezed,
+    one-hot ``[B, classes]`` by their argmax (``x``: the batch's images or views, for ``B``)."""
+    rank = None if labels is None else _rank(labels)
+    if labels is None or rank == 1:
+        return labels
+    if rank == 2:
+        return ops.reshape(labels, (-1,)) if labels.shape[-1] == 1 else ops.argmax(labels, axis=-1)
+    # rank unknown: a TF function traced again for another form of labels than its first
+    flat = ops.reshape(labels, (ops.shape(x[0] if _is_views(x) else x)[0], -1))
+    return ops.where(ops.shape(flat)[1] > 1, ops.cast(ops.argmax(flat, axis=-1), "int32"), ops.cast(flat[:, 0], "int32"))
 
 
 def _dims(dims, arg):
@@ -145,6 +165,9 @@ def _check_head(head, arg, input_dim):
     return int(shape[-1])
 
 
+_NO_EVALUATE = "the model has a training objective, not a held-out loss or metric"
+
+
 class _EMAScheduleFromFit(keras.callbacks.Callback):
     """Sets an EMA schedule left open (``ema_total_steps=None``) to end with the ``fit`` call's last
     step, before the train step is traced: ``epochs × steps`` for the first call, and for a later
@@ -197,7 +220,8 @@ class UniCLR(train_step_mixin(), keras.Model):
 
     * uint8 images ``[B, H, W, C]`` (a NumPy array, a ``tf.data.Dataset`` or a ``keras.utils.PyDataset``):
       the model's ``augmenter`` turns them into views inside the compiled step;
-    * ``(images, labels)``: the same, plus integer labels for the online linear probe (``num_classes``);
+    * ``(images, labels)``: the same, plus labels for the online linear probe (``num_classes``): class
+      ids ``[B]`` or ``[B, 1]``, or one-hot ``[B, classes]``;
     * a tuple of views (float batches made on the host, e.g. by ``ViewAugmenter`` in ``tf.data``), with
       or without labels.
 
@@ -413,12 +437,56 @@ class UniCLR(train_step_mixin(), keras.Model):
         """Keras' ``fit``; with ``ema_total_steps=None`` (and an EMA target), the EMA momentum reaches 1
         at this call's last step: the first call's schedule spans its epochs x steps per epoch, a later
         call's (``fit(epochs=4, initial_epoch=2)``, or ``fit`` again) the steps done plus its own."""
+        for name in ("validation_data", "validation_split"):
+            if kwargs.get(name):
+                raise ValueError(f"UniCLR.fit: {name} is not supported ({_NO_EVALUATE}); drop it and pass "
+                                 "callbacks=[uniclr_tf.KNNMonitor(...)] to follow the features on held-out images")
         if self._ema_pairs and self._ema_steps_from_fit:
             callbacks = kwargs.get("callbacks")
             callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else (
                 [] if callbacks is None else [callbacks])
             kwargs["callbacks"] = callbacks + [_EMAScheduleFromFit(kwargs.get("initial_epoch", 0))]
-        return super().fit(*args, **kwargs)
+        before = self._state_before_fit()
+        try:
+            return super().fit(*args, **kwargs)
+        except BaseException:
+            self._recover_from_a_failed_fit(before)
+            raise
+
+    def _state_before_fit(self):
+        """What :meth:`_recover_from_a_failed_fit` needs: on JAX, each variable's value (arrays, not
+        copies) and the state Keras's loop last kept."""
+        if keras.backend.backend() != "jax":
+            return None
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is not None and not optimizer.built:  # (Keras would build it in the loop, unsaved)
+            optimizer.build(self.trainable_variables)
+        return [(v, getattr(v, "_value", None)) for v in self.variables + self.metrics_variables + list(
+            getattr(getattr(self, "optimizer", None), "variables", []))], getattr(self, "_jax_state", None)
+
+    def _recover_from_a_failed_fit(self, before):
+        """Leaves the model usable after a ``fit`` that raised (bad data in the first step, say), as a
+        plain Keras model is: Keras reads no trial batch of a model built at construction, so such an
+        error comes from inside the loop, which on JAX has detached the variables' values and on
+        TensorFlow keeps a half-traced step. The step is made again at the next ``fit``; on JAX the
+        variables get back the state of the last step that ran, or their values from before."""
+        self.train_function = None
+        if before is None:
+            return
+        values, jax_state = before
+        if getattr(self, "_jax_state", None) is not jax_state and not self._jax_state_synced:
+            self.jax_state_sync()  # steps ran in this call: their last state
+        for variable, value in values:
+            if variable._value is None and value is not None:
+                variable._value = value
+
+    def evaluate(self, *args, **kwargs):
+        """Refused: a self-supervised loss on held-out images says little of the features, and no
+        test step is defined. Measure the encoder instead: :func:`uniclr_tf.knn_eval`, the
+        :class:`uniclr_tf.KNNMonitor` callback, or ``python -m uniclr_tf.linear_eval`` on a run."""
+        raise NotImplementedError(f"UniCLR.evaluate: not supported ({_NO_EVALUATE}); measure the encoder with "
+                                  "uniclr_tf.knn_eval(model.encoder, ...), the uniclr_tf.KNNMonitor callback, or "
+                                  "python -m uniclr_tf.linear_eval")
 
     def _needs_a_batch_to_build(self):
         """Whether Keras's symbolic build still has something to build from a batch's shapes."""
@@ -606,6 +674,12 @@ class UniCLR(train_step_mixin(), keras.Model):
         if rows is None or dim is None or (rows, dim) in self._checked_batches:
             return
         self._checked_batches.add((rows, dim))
+        try:  # (the joint-whitening methods' singular covariance is the warning below, not an error)
+            if not self.method.whitens:
+                self.method.check_setup(int(rows), int(dim))
+        except UsageError as e:
+            raise ValueError(f"{e} (here: a batch of {rows} rows, embedding size {dim}; in Python, the batch size "
+                             "given to fit, the last of projector_dims, or the method's options)") from None
         options = self.method.options
         if (not self.method.whitens or options.get("whitening_mode", "cholesky") != "cholesky"
                 or "eps" in self.method.given):
@@ -647,8 +721,9 @@ class UniCLR(train_step_mixin(), keras.Model):
         return momentum_schedule(step, self.ema_total_steps, self.ema_momentum)
 
     def current_ema_momentum(self):
-        """The EMA momentum of the next step: constant (MoCo v2) or BYOL's cosine from the base to 1."""
-        return self._momentum(self.optimizer.iterations)
+        """The EMA momentum of the next step: constant (MoCo v2) or BYOL's cosine from the base to 1
+        (the base before ``compile``)."""
+        return self._momentum(self._steps_done())
 
     def update_target(self):
         """One EMA step of the target, ``t ← m·t + (1 − m)·o``, after every optimizer step.
