@@ -331,3 +331,16 @@ def test_l2_first_reaches_simwhitening_and_simtrace_and_only_them():
         assert got != pytest.approx(float(loss(z1, z2)), rel=1e-4), name
     with pytest.raises(ValueError, match="--l2_first.*does not apply to --method=simaffinity"):
         TrainConfig.make(method="simaffinity", l2_first=True)
+
+
+def test_an_option_of_the_wrong_type_is_named_with_the_type_it_needs():
+    """A string for a number (a value read from a text file, say) is refused naming the option and the
+    type, not with Python's comparison error; NumPy scalars and whole floats for ints are accepted."""
+    with pytest.raises(ValueError, match=r"--temperature: expected a number > 0 \(a float\) for --method=simclr; "
+                                         r"received '0.2' \(str\)"):
+        methods.create("simclr", temperature="0.2")
+    with pytest.raises(ValueError, match=r"--predictor: expected a bool for --method=simtrace; received 'yes'"):
+        methods.create("simtrace", predictor="yes")
+    assert methods.create("simclr", temperature=np.float32(0.5)).options["temperature"] == 0.5
+    groups = methods.create("simtrace", whitening_groups=2.0).options["whitening_groups"]
+    assert groups == 2 and type(groups) is int

@@ -184,6 +184,25 @@ def test_a_wmse_batch_too_small_for_its_sub_batches_is_refused_by_the_api_as_by_
         model.fit(views(), batch_size=16, epochs=1, verbose=0)
 
 
+def test_uint8_images_and_unit_floats_are_refused_where_they_would_go_wrong_silently():
+    """``model(uint8)``/``predict`` would give features of unnormalised pixels, floats in [0, 1] would be
+    divided by 255 again by the augmenter, and a batch of one row has a constant loss: each is named."""
+    from uniclr_tf.augment import ViewAugmenter
+    images = np.random.default_rng(0).integers(0, 256, (16, 16, 16, 1), dtype="uint8")
+    model = small_model("simclr")
+    with pytest.raises(TypeError, match=r"received uint8 images.*EvalPreprocess"):
+        model.predict(images, verbose=0)
+    keras.utils.set_random_seed(1)
+    model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)), method="simclr",
+                   augmenter=ViewAugmenter.from_recipe("simclr", (16, 16, 1)))
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
+    with pytest.raises(ValueError, match=r"floats in \[0, 1\].*input_scale=255.*input_scale=1.0"):
+        model.fit(images / 255.0, batch_size=8, epochs=1, verbose=0)
+    with pytest.warns(UserWarning, match="a batch of 1 row teaches nothing"):
+        model.fit(images[:1], batch_size=1, epochs=1, verbose=0)
+    assert np.isfinite(model.fit(images.astype("float32"), batch_size=8, epochs=1, verbose=0).history["loss"][0])
+
+
 def test_invalid_arguments_are_rejected():
     with pytest.raises(ValueError, match="method: expected one of"):
         small_model("nope")

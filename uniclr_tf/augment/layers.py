@@ -1,7 +1,8 @@
 """The batched random augmentation layers and their base classes.
 
-Every layer takes a BATCH ``[B, H, W, C]`` (C = 1 or 3), draws its random parameters PER SAMPLE,
-computes in float32 and does all its maths with ``self.backend.*`` (see the package docstring of
+Every layer takes a BATCH ``[B, H, W, C]`` (C = 1 or 3) of floats in [0, 1] (not uint8: colour
+jitter clips to [0, 1] and solarisation flips about 0.5; ``ViewAugmenter`` scales uint8 images first
+by its ``input_scale``), draws its random parameters PER SAMPLE, computes in float32 and does all its maths with ``self.backend.*`` (see the package docstring of
 :mod:`uniclr_tf.augment` for why, and how the randomness works on each backend).
 
 Following Keras's preprocessing layers, each random layer first draws all parameters for the batch
@@ -281,7 +282,8 @@ RandomFlip = RandomHorizontalFlip  # the name used in the design notes; horizont
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
 class RandomColorJitter(_RandomLayer):
-    """SimCLR / torchvision colour jitter, applied to each sample with probability ``rate``.
+    """SimCLR / torchvision colour jitter, applied to each sample with probability ``rate``, on images
+    in [0, 1] (its output is clipped to [0, 1]).
 
     Factors per sample: brightness, contrast, saturation ``~ U[max(0, 1 − s), 1 + s]``, hue shift
     ``~ U[−h, h]`` (in turns). Applied in a FIXED order (torchvision shuffles it per call):
@@ -435,7 +437,8 @@ class RandomGaussianBlur(_RandomLayer):
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
 class RandomSolarize(_RandomLayer):
-    """With probability ``rate`` per sample: ``x → 1 − x`` where ``x >= threshold`` (fixed).
+    """With probability ``rate`` per sample: ``x → 1 − x`` where ``x >= threshold`` (fixed), on images
+    in [0, 1].
 
     BYOL uses rate 0.2 on its second view; the default rate 0 makes the layer a no-op. Unlike
     Keras's ``Solarization``, the threshold is fixed, not random.

@@ -35,7 +35,10 @@ absorbs).
 """
 
 import dataclasses
+import numbers
 from typing import Any, Callable
+
+import numpy as np
 
 from keras import ops
 
@@ -54,6 +57,17 @@ class Option:
     check: Callable[[Any], bool] = lambda value: True
     expected: str = ""
     choices: tuple = ()
+
+
+def _of_kind(value, kind):
+    """Whether ``value`` is an option value of type ``kind`` (NumPy scalars and whole floats for ints too)."""
+    if kind is bool:
+        return isinstance(value, (bool, np.bool_))
+    if isinstance(value, (bool, np.bool_)) or kind is str:
+        return kind is str and isinstance(value, str)
+    if kind is int:
+        return isinstance(value, numbers.Integral) or (isinstance(value, numbers.Real) and float(value).is_integer())
+    return isinstance(value, numbers.Real)
 
 
 def _positive(v):
@@ -132,6 +146,12 @@ class Method:
         self.options = {**self.defaults, **given}
         for key, value in self.options.items():
             spec = self.spec(key)
+            if not _of_kind(value, spec.kind):
+                expected = f"{spec.expected} (a {spec.kind.__name__})" if spec.expected else f"a {spec.kind.__name__}"
+                raise UsageError(f"--{key}: expected {expected} for --method={self.name}; received {value!r} "
+                                 f"({type(value).__name__})")
+            if spec.kind is int and not isinstance(value, int):
+                value = self.options[key] = int(value)  # a NumPy int or a whole float
             if spec.choices and value not in spec.choices:
                 raise UsageError(f"--{key}: expected one of {spec.choices}; received {value!r}")
             if not spec.choices and not spec.check(value):

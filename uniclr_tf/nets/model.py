@@ -437,6 +437,13 @@ class UniCLR(train_step_mixin(), keras.Model):
         """Keras' ``fit``; with ``ema_total_steps=None`` (and an EMA target), the EMA momentum reaches 1
         at this call's last step: the first call's schedule spans its epochs x steps per epoch, a later
         call's (``fit(epochs=4, initial_epoch=2)``, or ``fit`` again) the steps done plus its own."""
+        x = args[0] if args else kwargs.get("x")
+        scale = getattr(self.augmenter, "input_scale", None)
+        if (isinstance(x, np.ndarray) and x.dtype.kind == "f" and scale is not None and scale > 1 and x.size
+                and float(np.max(x)) <= 1.0):
+            raise ValueError(f"UniCLR.fit: the images are floats in [0, 1], and the augmenter divides them by its "
+                             f"input_scale={scale:g} (for uint8 or 0-255 images): they would train as near-black. "
+                             "Pass uint8 images, or build the augmenter with input_scale=1.0")
         for name in ("validation_data", "validation_split"):
             if kwargs.get(name):
                 raise ValueError(f"UniCLR.fit: {name} is not supported ({_NO_EVALUATE}); drop it and pass "
@@ -572,7 +579,13 @@ class UniCLR(train_step_mixin(), keras.Model):
             variable.assign(zero)
 
     def call(self, images, training=False):
-        """Inference: ``{"features": backbone features, "embedding": projector output}``."""
+        """Inference: ``{"features": backbone features, "embedding": projector output}`` of preprocessed
+        float images, as the encoder takes them (uint8 images are refused: preprocess them first, e.g.
+        with ``uniclr_tf.EvalPreprocess(size, augmenter.mean, augmenter.std)``)."""
+        if keras.backend.standardize_dtype(getattr(images, "dtype", "float32")) == "uint8":
+            raise TypeError("UniCLR: model(images) and predict take preprocessed float images, as the encoder does; "
+                            "received uint8 images. Preprocess them first, e.g. uniclr_tf.EvalPreprocess(size, "
+                            "model.augmenter.mean, model.augmenter.std)(images), as fit's views are normalised")
         features = self.encoder(images, training=training)
         return {"features": features, "embedding": self.projector(features, training=training)}
 
@@ -674,6 +687,11 @@ class UniCLR(train_step_mixin(), keras.Model):
         if rows is None or dim is None or (rows, dim) in self._checked_batches:
             return
         self._checked_batches.add((rows, dim))
+        if int(rows) < 2:
+            warnings.warn_explicit(
+                f"{self.method.name}: a batch of {rows} row teaches nothing (no other sample to tell it from, and batch "
+                "norm maps one row to zeros): the loss is constant. Use a larger batch_size, or drop a last batch "
+                "of one image", UserWarning, filename="uniclr_tf.UniCLR", lineno=1, module="uniclr_tf.nets.model")
         try:  # (the joint-whitening methods' singular covariance is the warning below, not an error)
             if not self.method.whitens:
                 self.method.check_setup(int(rows), int(dim))
