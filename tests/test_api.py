@@ -32,6 +32,7 @@ PUBLIC_NAMES = [
     "build_encoder",
     "export_saved_model",
     "knn_eval",
+    "linear_evaluation",
     "load_saved_model",
     "methods",
     "objectives",

@@ -158,6 +158,26 @@ def test_linear_classifier_beats_chance_on_precomputed_features(loaded):
     assert result["top5"] > 0.85, result
 
 
+def test_linear_evaluation_of_arrays_is_that_of_the_same_dataset(loaded):
+    """``uniclr_tf.linear_evaluation`` on the arrays of a split (labels [N, 1], as keras.datasets gives
+    them) gives the numbers of ``linear_eval`` on the loaded dataset itself; bad arrays are named."""
+    import uniclr_tf
+    info = le.load_run_data(loaded, max_examples=512)
+    train, test = info.splits["train"], info.splits["test"]
+    settings = dict(epochs=2, batch_size=64, augment=False, mean=loaded.mean, std=loaded.std, verbose=0)
+    want = le.linear_eval(loaded.encoder, info, **settings)
+    got = uniclr_tf.linear_evaluation(loaded.encoder, (train.images, train.labels[:, None]),
+                                      (test.images, test.labels), num_classes=info.num_classes, **settings)
+    assert (got["top1"], got["top5"], got["train_loss"]) == (want["top1"], want["top5"], want["train_loss"])
+    with pytest.raises(ValueError, match=r"train: expected uint8 images \[N, H, W, C\]"):
+        uniclr_tf.linear_evaluation(loaded.encoder, (train.images / 255.0, train.labels), (test.images, test.labels))
+    with pytest.raises(ValueError, match=r"test: expected integer labels \[N\] \(N = 512 images\)"):
+        uniclr_tf.linear_evaluation(loaded.encoder, (train.images, train.labels), (test.images, test.labels[:5]))
+    with pytest.raises(ValueError, match=r"labels: expected class ids in \[0, 3\)"):
+        uniclr_tf.linear_evaluation(loaded.encoder, (train.images, train.labels), (test.images, test.labels),
+                                    num_classes=3)
+
+
 def test_backbone_is_frozen_during_augmented_linear_eval(loaded):
     info = le.load_run_data(loaded)
     encoder = loaded.encoder

@@ -23,7 +23,8 @@ The public names (``uniclr_tf.__all__``):
 * the backbones: :func:`build_encoder`;
 * optimisation: :class:`LARS`, :class:`WarmupCosine`;
 * callbacks: :class:`KNNMonitor`, :class:`CollapseDetector`, :class:`BackupAndResume`;
-* evaluation and export: :func:`knn_eval`, :func:`export_saved_model`, :func:`load_saved_model`.
+* evaluation and export: :func:`knn_eval`, :func:`linear_evaluation`, :func:`export_saved_model`,
+  :func:`load_saved_model`.
 
 Importing the package is cheap: each name (and TensorFlow or JAX with it) is imported when first
 used. Once Keras is imported, uniclr_tf's layers and models are registered with Keras' serialisation,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # what __getattr__ imports on first use, spelled out for type
     from uniclr_tf import methods, objectives
     from uniclr_tf.augment import RECIPES, EvalPreprocess, ViewAugmenter, ViewRecipe
     from uniclr_tf.evaluation import knn_eval
+    from uniclr_tf.evaluation.linear import linear_evaluation
     from uniclr_tf.nets.encoders import build_encoder
     from uniclr_tf.nets.model import UniCLR
     from uniclr_tf.serving.saved_model import export_saved_model, load_saved_model
@@ -65,6 +67,7 @@ _PUBLIC = {
     "CollapseDetector": "uniclr_tf.training.callbacks",
     "BackupAndResume": "uniclr_tf.training.callbacks",
     "knn_eval": "uniclr_tf.evaluation",
+    "linear_evaluation": "uniclr_tf.evaluation.linear",
     "export_saved_model": "uniclr_tf.serving.saved_model",
     "load_saved_model": "uniclr_tf.serving.saved_model",
 }

@@ -262,6 +262,64 @@ def linear_eval(encoder, info, epochs: int = 100, batch_size: int = 256, learnin
                                          epochs * steps_per_epoch, start)}
 
 
+def linear_evaluation(encoder, train, test, num_classes: Optional[int] = None, mean=None, std=None,
+                      **kwargs) -> dict:
+    """:func:`linear_eval` on your own arrays: a linear classifier trained on the frozen ``encoder``.
+
+    Args:
+      encoder: functional backbone, normalised images ``[B, H, W, C]`` -> ``[B, F]`` (``model.encoder``).
+      train, test: ``(images, labels)``: uint8 images ``[N, H, W, C]`` of one shape, integer class ids
+        ``[N]`` (or ``[N, 1]``, as ``keras.datasets`` gives them) in ``[0, num_classes)``.
+      num_classes: the number of classes (default: the largest label + 1).
+      mean, std: the per-channel statistics in [0, 1] units the encoder was pretrained with
+        (``model.augmenter.mean`` / ``.std``); default: those of ``train``'s images.
+      **kwargs: the rest of :func:`linear_eval`'s arguments (``epochs``, ``batch_size``, ``augment``,
+        ``learning_rate``, ``label_fraction``, ``seed``, ...).
+
+    Returns:
+      :func:`linear_eval`'s result: ``{"top1", "top5", "train_loss", "train_top1", "settings"}``.
+
+    Examples:
+        >>> result = uniclr_tf.linear_evaluation(model.encoder, (x_train, y_train), (x_test, y_test),
+        ...                                      mean=augmenter.mean, std=augmenter.std, epochs=100)
+        >>> result["top1"]
+    """
+    return linear_eval(encoder, arrays_info(train, test, num_classes), mean=mean, std=std, **kwargs)
+
+
+def arrays_info(train, test, num_classes=None):
+    """A labelled in-memory :class:`uniclr_tf.data.DatasetInfo` of ``train`` and ``test``
+    ``(uint8 images [N, H, W, C], class ids [N] or [N, 1])``; each mistake is named."""
+    from uniclr_tf.data.spec import DatasetInfo, Split
+    from uniclr_tf.data.stats import _array_stats
+
+    splits = {}
+    for name, pair in (("train", train), ("test", test)):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"{name}: expected (images, labels); received {type(pair).__name__}")
+        images, labels = np.asarray(pair[0]), np.asarray(pair[1])
+        if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3) or not len(images):
+            raise ValueError(f"{name}: expected uint8 images [N, H, W, C] with C 1 or 3; received {images.dtype} "
+                             f"of shape {images.shape}")
+        if labels.ndim == 2 and labels.shape[1] == 1:
+            labels = labels[:, 0]
+        if labels.ndim != 1 or len(labels) != len(images) or not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(f"{name}: expected integer labels [N] (N = {len(images)} images); received "
+                             f"{labels.dtype} of shape {labels.shape}")
+        splits[name] = Split(name, len(images), images, labels.astype(np.int64))
+    shape = splits["train"].images.shape[1:]
+    if splits["test"].images.shape[1:] != shape:
+        raise ValueError(f"test: images of shape {splits['test'].images.shape[1:]}, and train's are {shape}")
+    largest = int(max(splits["train"].labels.max(), splits["test"].labels.max()))
+    classes = largest + 1 if num_classes is None else int(num_classes)
+    if min(splits["train"].labels.min(), splits["test"].labels.min()) < 0 or largest >= classes:
+        raise ValueError(f"labels: expected class ids in [0, {classes}) (num_classes); received ids from "
+                         f"{min(splits['train'].labels.min(), splits['test'].labels.min())} to {largest}")
+    mean, std = _array_stats(splits["train"].images)
+    return DatasetInfo("arrays", tuple(int(d) for d in shape), classes, splits["train"].num_examples,
+                       splits["test"].num_examples, mean, std, splits)
+
+
 def _check_arguments(epochs, batch_size, info, what):
     """Raises unless ``epochs`` and ``batch_size`` are >= 1 and ``info`` is labelled (``what`` needs labels)."""
     if epochs < 1 or batch_size < 1:

@@ -308,9 +308,10 @@ class CollapseDetector(keras.callbacks.Callback):
                 self._keep_healthy_backup()
             return
         line = (f"collapse at epoch {epoch + 1}: {signal}. Likely causes: a symmetric-loss weight too large for "
-                "this set-up (--gamma), a learning rate too high (--base_learning_rate) or too short a warm-up "
-                "(--warmup_epochs), a method that needs its predictor or EMA target (--predictor, "
-                "--ema_momentum)")
+                "this set-up (--gamma; in Python the method option symmetric_loss_weight), a learning rate too high "
+                "(--base_learning_rate) or too short a warm-up (--warmup_epochs; in Python the optimizer's "
+                "schedule), a method that needs its predictor or EMA target (--predictor, --ema_momentum; "
+                "options of the same names)")
         if self.on_collapse == "warn":
             print(f"warning: {line}", flush=True)
             return
