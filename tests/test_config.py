@@ -171,8 +171,9 @@ def test_a_flat_config_json_and_flags_txt_written_before_still_load_and_resume(t
     # the same flags.txt and config.json are written, with the settings added since at their defaults
     assert "--momentum=0.9\n" in FLAT_FLAGS_TXT
     assert old.to_flagfile() == FLAT_FLAGS_TXT.replace("--momentum=0.9\n", "--momentum=0.9\n--lars_eta=0.001\n"
-                                                       "--nolars_clip_lr\n")
-    added = {"check_duplicates": True, "lars_eta": 0.001, "lars_clip_lr": False}
+                                                       "--nolars_clip_lr\n").replace(
+        "--predictor_hidden=512\n", "--predictor_hidden=512\n--view_batch_norm=joint\n")
+    added = {"check_duplicates": True, "lars_eta": 0.001, "lars_clip_lr": False, "view_batch_norm": "joint"}
     assert {k: v for k, v in json.loads(old.to_json()).items()} == {
         **{k: v for k, v in FLAT_CONFIG_JSON.items() if k != "views"}, **added}
     replayed = train.config_from_flags(_flag_values(f"--flagfile={run_dir / 'flags.txt'}",
@@ -209,3 +210,16 @@ def test_a_run_made_before_a_default_changed_resumes_with_its_own_value(tmp_path
     fresh = TrainConfig().replace(overwrite=True)
     assert cli.keep_changed_defaults(fresh, str(run_dir)).system.batch_norm == "global_one_pass"
     assert cli.keep_changed_defaults(TrainConfig(), str(tmp_path / "none")).system.batch_norm == "global_one_pass"
+
+
+def test_view_batch_norm_reaches_the_model():
+    """``--view_batch_norm=per_view`` builds a model that runs each view alone; joint is the default."""
+    from uniclr_tf.data import load_dataset
+    info = load_dataset("fashion_mnist", max_examples=64)
+    for given, want in (([], "joint"), (["--view_batch_norm=per_view"], "per_view")):
+        cfg = train.config_from_flags(_flag_values("--method=simclr", "--encoder=tiny", "--projector_dims=16,8",
+                                                   *given))
+        assert cfg.network.view_batch_norm == want
+        assert train.build_model(cfg, info).view_batch_norm == want
+    with pytest.raises(flags.IllegalFlagValueError, match="--view_batch_norm=each: value should be one of"):
+        _flag_values("--view_batch_norm=each")

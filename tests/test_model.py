@@ -203,6 +203,25 @@ def test_uint8_images_and_unit_floats_are_refused_where_they_would_go_wrong_sile
     assert np.isfinite(model.fit(images.astype("float32"), batch_size=8, epochs=1, verbose=0).history["loss"][0])
 
 
+def test_per_view_batch_norm_runs_each_view_alone():
+    """``view_batch_norm="per_view"``: the loss is that of each view through the network on its own
+    (batch statistics per view, as BYOL's code), and the joint default's differs (shared statistics)."""
+    v = views()
+    got = {}
+    for mode in ("joint", "per_view"):
+        keras.utils.set_random_seed(1)
+        model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)),
+                       method="simaffinity", view_batch_norm=mode)
+        got[mode] = float(model.compute_objective(v, training=True)[1]["objective_loss"])
+        z1, z2 = (model.projector(model.encoder(x, training=True), training=True) for x in v)
+        alone = float(objectives.sim_affinity_loss(z1, z2, gamma=0.01 * 512 / 16))
+    assert got["per_view"] == pytest.approx(alone, rel=1e-5)
+    assert abs(got["joint"] - got["per_view"]) > 1e-4
+    assert UniCLR.from_config(model.get_config()).view_batch_norm == "per_view"
+    with pytest.raises(ValueError, match="view_batch_norm: expected one of"):
+        UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), method="simclr", view_batch_norm="each")
+
+
 def test_invalid_arguments_are_rejected():
     with pytest.raises(ValueError, match="method: expected one of"):
         small_model("nope")

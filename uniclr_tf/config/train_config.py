@@ -109,6 +109,10 @@ class NetworkConfig(_Section):
                                                     "2048,2048,2048 (ImageNet).")
     predictor_hidden: int = flag(512, "Hidden size of the predictor (methods with one: byol, simsiam, moco_v3, or "
                                       "--predictor).")
+    view_batch_norm: str = flag("joint", "How batch norm sees the views: joint (same-size views as one batch, as "
+                                         "SimCLR's, SwAV's and DINO's code) or per_view (each view its own batch "
+                                         "statistics, as BYOL's, SimSiam's, Barlow Twins', VICReg's and MoCo v3's).",
+                                choices=("joint", "per_view"))
 
     def __post_init__(self):
         check = self._check
@@ -118,6 +122,7 @@ class NetworkConfig(_Section):
         check(len(self.projector_dims) >= 1 and all(int(d) > 0 for d in self.projector_dims),
               "projector_dims", "a non-empty list of positive integers")
         check(self.predictor_hidden > 0, "predictor_hidden", "a positive integer")
+        check(self.view_batch_norm in ("joint", "per_view"), "view_batch_norm", "joint or per_view")
 
     @property
     def embedding_dim(self):

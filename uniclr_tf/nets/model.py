@@ -165,6 +165,9 @@ def _check_head(head, arg, input_dim):
     return int(shape[-1])
 
 
+#: How batch norm sees the views (``UniCLR(view_batch_norm=)``, ``--view_batch_norm``).
+VIEW_BATCH_NORMS = ("joint", "per_view")
+
 _NO_EVALUATE = "the model has a training objective, not a held-out loss or metric"
 
 
@@ -273,6 +276,10 @@ class UniCLR(train_step_mixin(), keras.Model):
       predictor_hidden: the hidden size of the default predictor (default 512).
       norm: the batch-norm factory of the default heads (:class:`uniclr_tf.nets.norm.BatchNorm`;
         default Keras' ``BatchNormalization``).
+      view_batch_norm: ``"joint"`` (default): same-size views go through the network as one batch, so
+        batch norm takes its statistics over them together (SimCLR's, SwAV's and DINO's code);
+        ``"per_view"``: each view its own call and statistics (BYOL's, SimSiam's, Barlow Twins',
+        VICReg's and MoCo v3's code); the moving statistics then update once a view.
 
     Raises:
       TypeError: an argument of the wrong kind (an encoder that is not a Keras model, an option the
@@ -284,7 +291,7 @@ class UniCLR(train_step_mixin(), keras.Model):
     def __init__(self, encoder, projector=None, predictor=None, method="simtrace", options=None, augmenter=None,
                  num_global=2, num_classes=None, gather_across_replicas=True, ema_total_steps=None,
                  steps_per_epoch=None, projector_dims=None, predictor_hidden=None, norm=None, name="uniclr",
-                 **kwargs):
+                 view_batch_norm="joint", **kwargs):
         super().__init__(name=name, **kwargs)
         if isinstance(num_global, bool) or not isinstance(num_global, (int, np.integer)) or num_global < 2:
             raise ValueError(f"num_global must be an integer >= 2; received {num_global!r}")
@@ -325,6 +332,9 @@ class UniCLR(train_step_mixin(), keras.Model):
         self.num_global = int(num_global)
         self.num_classes = int(num_classes) if num_classes else None
         self.gather_across_replicas = bool(gather_across_replicas)
+        if view_batch_norm not in VIEW_BATCH_NORMS:
+            raise ValueError(f"view_batch_norm: expected one of {VIEW_BATCH_NORMS}; received {view_batch_norm!r}")
+        self.view_batch_norm = view_batch_norm
         self.steps_per_epoch = int(steps_per_epoch) if steps_per_epoch else None
         self._checked_batches = set()
 
@@ -388,6 +398,7 @@ class UniCLR(train_step_mixin(), keras.Model):
             # left open, it stays open: the next fit sets it from the steps done and its own
             "ema_total_steps": None if self._ema_steps_from_fit else self.ema_total_steps,
             "steps_per_epoch": self.steps_per_epoch,
+            "view_batch_norm": self.view_batch_norm,
         }
 
     @classmethod
@@ -591,7 +602,8 @@ class UniCLR(train_step_mixin(), keras.Model):
 
     # --- the step's maths, shared by both backends -------------------------------------------
     def _embed(self, views, training):
-        """Runs each group of same-size views through the network as one batch (one BN batch).
+        """Runs each group of same-size views through the network as one batch (one BN batch), or each
+        view alone (``view_batch_norm="per_view"``).
 
         Returns per-view lists: backbone features, projector outputs ``z``, online embeddings (the
         predictor's output where there is one) and, for the global views, the target embeddings.
@@ -601,21 +613,22 @@ class UniCLR(train_step_mixin(), keras.Model):
             groups.append(views[self.num_global:])
         kind = self.method.target_kind
         features, projected, online, target = [], [], [], []
-        for group in groups:
-            x = _interleave(group)
-            f = self.encoder(x, training=training)
-            z = self.projector(f, training=training)
-            p = self.predictor(z, training=training) if self.predictor is not None else z
-            features += _deinterleave(f, len(group))
-            projected += _deinterleave(z, len(group))
-            online += _deinterleave(p, len(group))
-            if group is groups[0]:
-                if kind == "ema":
-                    t = ops.stop_gradient(self.target_projector(self.target_encoder(x, training=training),
-                                                                training=training))
-                else:
-                    t = ops.stop_gradient(z) if kind == "stop_gradient" else z
-                target = _deinterleave(t, len(group))
+        for g, group in enumerate(groups):
+            for chunk in ([group] if self.view_batch_norm == "joint" else [[view] for view in group]):
+                x = _interleave(chunk)
+                f = self.encoder(x, training=training)
+                z = self.projector(f, training=training)
+                p = self.predictor(z, training=training) if self.predictor is not None else z
+                features += _deinterleave(f, len(chunk))
+                projected += _deinterleave(z, len(chunk))
+                online += _deinterleave(p, len(chunk))
+                if g == 0:
+                    if kind == "ema":
+                        t = ops.stop_gradient(self.target_projector(self.target_encoder(x, training=training),
+                                                                    training=training))
+                    else:
+                        t = ops.stop_gradient(z) if kind == "stop_gradient" else z
+                    target += _deinterleave(t, len(chunk))
         return features, projected, online, target
 
     def _symmetric_weight(self, i, j, rows):

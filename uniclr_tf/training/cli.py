@@ -98,6 +98,7 @@ def build_model(cfg, info, augmenter=None, devices=1, method=None):
                             projector_dims=cfg.network.projector_dims, predictor_hidden=cfg.network.predictor_hidden,
                             norm=norm, ema_total_steps=cfg.optim.epochs * steps_per_epoch,
                             steps_per_epoch=steps_per_epoch, gather_across_replicas=cfg.system.gather_across_replicas,
+                            view_batch_norm=cfg.network.view_batch_norm,
                             num_classes=info.num_classes if cfg.evaluation.online_probe and info.num_classes else None)
 
 
