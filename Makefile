@@ -14,7 +14,7 @@ setup: $(STAMP)
 # declares tensorflow-text, which would pull the full `tensorflow` next to tensorflow-cpu, while
 # `import keras_hub` needs only regex and tokenizers (docs/stack.md); then this package, editable
 # and with --no-deps (the pins are the environment; pyproject.toml only declares ranges), which adds
-# the uniclr-train, uniclr-eval, uniclr-finetune and uniclr-export commands. setuptools >= 77 builds
+# the uniclr-train, uniclr-eval, uniclr-finetune, uniclr-export and uniclr-launch commands. setuptools >= 77 builds
 # pyproject.toml's licence field, without a download.
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
