@@ -2,8 +2,9 @@
 
 Every layer takes a BATCH ``[B, H, W, C]`` (C = 1 or 3) of floats in [0, 1] (not uint8: colour
 jitter clips to [0, 1] and solarisation flips about 0.5; ``ViewAugmenter`` scales uint8 images first
-by its ``input_scale``), draws its random parameters PER SAMPLE, computes in float32 and does all its maths with ``self.backend.*`` (see the package docstring of
-:mod:`uniclr_tf.augment` for why, and how the randomness works on each backend).
+by its ``input_scale``), draws its random parameters PER SAMPLE, computes in float32 and does all
+its maths with ``self.backend.*`` (see the package docstring of :mod:`uniclr_tf.augment` for why,
+and how the randomness works on each backend).
 
 Following Keras's preprocessing layers, each random layer first draws all parameters for the batch
 in ``get_random_transformation(batch_size, image_shape)`` (a dict of ``[B]`` tensors), then applies

@@ -39,6 +39,7 @@ PRECISIONS = ("float32", "bfloat16", "float16")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "data_parallel")
 AUGMENT_ON = ("host", "device")
 BATCH_NORMS = ("global", "per_device", "global_one_pass")
+VIEW_BATCH_NORMS = ("joint", "per_view")  # how batch norm sees the views (UniCLR(view_batch_norm=))
 ON_COLLAPSE = ("stop", "warn")
 
 # Fields of earlier versions that are method options now (config.json of older runs).
@@ -112,7 +113,7 @@ class NetworkConfig(_Section):
     view_batch_norm: str = flag("joint", "How batch norm sees the views: joint (same-size views as one batch, as "
                                          "SimCLR's, SwAV's and DINO's code) or per_view (each view its own batch "
                                          "statistics, as BYOL's, SimSiam's, Barlow Twins', VICReg's and MoCo v3's).",
-                                choices=("joint", "per_view"))
+                                choices=VIEW_BATCH_NORMS)
 
     def __post_init__(self):
         check = self._check
@@ -122,7 +123,7 @@ class NetworkConfig(_Section):
         check(len(self.projector_dims) >= 1 and all(int(d) > 0 for d in self.projector_dims),
               "projector_dims", "a non-empty list of positive integers")
         check(self.predictor_hidden > 0, "predictor_hidden", "a positive integer")
-        check(self.view_batch_norm in ("joint", "per_view"), "view_batch_norm", "joint or per_view")
+        check(self.view_batch_norm in VIEW_BATCH_NORMS, "view_batch_norm", f"one of {VIEW_BATCH_NORMS}")
 
     @property
     def embedding_dim(self):

@@ -310,11 +310,10 @@ def arrays_info(train, test, num_classes=None):
     shape = splits["train"].images.shape[1:]
     if splits["test"].images.shape[1:] != shape:
         raise ValueError(f"test: images of shape {splits['test'].images.shape[1:]}, and train's are {shape}")
-    largest = int(max(splits["train"].labels.max(), splits["test"].labels.max()))
-    classes = largest + 1 if num_classes is None else int(num_classes)
-    if min(splits["train"].labels.min(), splits["test"].labels.min()) < 0 or largest >= classes:
-        raise ValueError(f"labels: expected class ids in [0, {classes}) (num_classes); received ids from "
-                         f"{min(splits['train'].labels.min(), splits['test'].labels.min())} to {largest}")
+    classes = int(num_classes) if num_classes is not None else 1 + int(
+        max(split.labels.max() for split in splits.values()))
+    for name, split in splits.items():
+        check_labels(split.labels, classes, name)
     mean, std = _array_stats(splits["train"].images)
     return DatasetInfo("arrays", tuple(int(d) for d in shape), classes, splits["train"].num_examples,
                        splits["test"].num_examples, mean, std, splits)

@@ -61,13 +61,13 @@ class Option:
 
 def _of_kind(value, kind):
     """Whether ``value`` is an option value of type ``kind`` (NumPy scalars and whole floats for ints too)."""
-    if kind is bool:
-        return isinstance(value, (bool, np.bool_))
-    if isinstance(value, (bool, np.bool_)) or kind is str:
-        return kind is str and isinstance(value, str)
-    if kind is int:
-        return isinstance(value, numbers.Integral) or (isinstance(value, numbers.Real) and float(value).is_integer())
-    return isinstance(value, numbers.Real)
+    if kind is bool or isinstance(value, (bool, np.bool_)):  # a bool is no number here, a number no bool
+        return kind is bool and isinstance(value, (bool, np.bool_))
+    if kind is str:
+        return isinstance(value, str)
+    if not isinstance(value, numbers.Real):
+        return False
+    return kind is not int or isinstance(value, numbers.Integral) or float(value).is_integer()
 
 
 def _positive(v):

@@ -21,6 +21,7 @@ from keras import layers, ops
 
 from uniclr_tf import augment, methods, objectives  # noqa: F401 (augment: its layers load with a model)
 from uniclr_tf.config.errors import UsageError
+from uniclr_tf.config.train_config import VIEW_BATCH_NORMS
 from uniclr_tf.nets import encoders, heads  # noqa: F401 (encoders: their layers load with a model)
 from uniclr_tf.training.schedules import momentum_schedule
 from uniclr_tf.training.steps import train_step_mixin
@@ -165,9 +166,6 @@ def _check_head(head, arg, input_dim):
     return int(shape[-1])
 
 
-#: How batch norm sees the views (``UniCLR(view_batch_norm=)``, ``--view_batch_norm``).
-VIEW_BATCH_NORMS = ("joint", "per_view")
-
 _NO_EVALUATE = "the model has a training objective, not a held-out loss or metric"
 
 
@@ -187,7 +185,7 @@ class _EMAScheduleFromFit(keras.callbacks.Callback):
         steps, epochs = params.get("steps"), params.get("epochs")
         if not steps or not epochs:
             return
-        done = int(np.asarray(keras.ops.convert_to_numpy(model.optimizer.iterations)))
+        done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
         total = max(int(epochs) * int(steps), done + (int(epochs) - self.initial_epoch) * int(steps), 1)
         if total != model.ema_total_steps:
             traced = model.ema_total_steps is not None
@@ -479,8 +477,8 @@ class UniCLR(train_step_mixin(), keras.Model):
         optimizer = getattr(self, "optimizer", None)
         if optimizer is not None and not optimizer.built:  # (Keras would build it in the loop, unsaved)
             optimizer.build(self.trainable_variables)
-        return [(v, getattr(v, "_value", None)) for v in self.variables + self.metrics_variables + list(
-            getattr(getattr(self, "optimizer", None), "variables", []))], getattr(self, "_jax_state", None)
+        variables = self.variables + self.metrics_variables + (list(optimizer.variables) if optimizer else [])
+        return [(v, getattr(v, "_value", None)) for v in variables], getattr(self, "_jax_state", None)
 
     def _recover_from_a_failed_fit(self, before):
         """Leaves the model usable after a ``fit`` that raised (bad data in the first step, say), as a

@@ -191,8 +191,9 @@ def sim_whitening_loss(z1, z2, temperature=1.0, gamma=0.01, eps=1e-4, mode="chol
 
     computed as ``w1 w2ᵀ / N / τ`` through the Cholesky factor (never an explicit inverse), then the
     same CE + γ‖A − Aᵀ‖_F. The authors' code also ℓ2-normalises ``z1``, ``z2`` before the statistics
-    (``l2_first=True``; its covariance divides by ``2N − 1``, this one by ``2N``). In ``"cholesky"`` mode it needs ``2N > D``: with ``2N ≤ D`` and a small
-    ε the whitened rows are mutually orthogonal, ``A`` is constant and the loss ≈ log N (flat).
+    (``l2_first=True``; its covariance divides by ``2N − 1``, this one by ``2N``). In ``"cholesky"``
+    mode it needs ``2N > D``: with ``2N ≤ D`` and a small ε the whitened rows are mutually
+    orthogonal, ``A`` is constant and the loss ≈ log N (flat).
 
     Args:
         z1, z2: ``[N, D]`` embeddings of the two views, same shape.
