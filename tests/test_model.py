@@ -203,6 +203,54 @@ def test_uint8_images_and_unit_floats_are_refused_where_they_would_go_wrong_sile
     assert np.isfinite(model.fit(images.astype("float32"), batch_size=8, epochs=1, verbose=0).history["loss"][0])
 
 
+def test_fit_trains_arrays_in_whole_batches_reshuffled_each_epoch():
+    """In-memory images train as the CLI's pipeline does: whole batches only, a new order each epoch
+    (so the rows left out change), seeded; on TensorFlow with a static batch size, which W-MSE's
+    sub-batches need (a partial last batch made its traced step fail). ``drop_remainder=False``
+    gives Keras's batching back; too few images for one batch are named."""
+    from uniclr_tf.augment import ViewAugmenter
+    from uniclr_tf.training.whole_batches import WholeBatches
+    ids = np.arange(70)
+    batches = WholeBatches(ids, ids % 3, batch_size=32, seed=5)
+    epochs = []
+    for _ in range(3):
+        epoch = [batches[i] for i in range(len(batches))]
+        assert len(epoch) == 2 and all(x.shape == (32,) and np.array_equal(y, x % 3) for x, y in epoch)
+        rows = np.concatenate([x for x, _ in epoch])
+        assert len(set(rows)) == 64
+        epochs.append(rows)
+        batches.on_epoch_end()
+    assert len({frozenset(set(ids) - set(rows)) for rows in epochs}) == 3  # other rows left out each epoch
+    again = WholeBatches(ids, ids % 3, batch_size=32, seed=5)
+    assert np.array_equal(np.concatenate([again[0][0], again[1][0]]), epochs[0])
+    ordered = WholeBatches((ids, -ids), batch_size=32, shuffle=False)  # a tuple of views, in order
+    assert np.array_equal(ordered[1][0][0], ids[32:64]) and np.array_equal(ordered[1][0][1], -ids[32:64])
+    data = WholeBatches(ids, ids % 3, batch_size=32, seed=5).as_tf_dataset()
+    assert data.element_spec[0].shape.as_list() == [32]
+    passes = [np.concatenate([x.numpy() for x, _ in data]) for _ in range(2)]
+    assert len(set(passes[0])) == 64 and not np.array_equal(passes[0], passes[1])
+
+    images = np.random.default_rng(0).integers(0, 256, (100, 16, 16, 1), dtype="uint8")
+    keras.utils.set_random_seed(1)
+    model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)), method="wmse",
+                   augmenter=ViewAugmenter.from_recipe("simclr", (16, 16, 1)))
+    model.compile(optimizer=keras.optimizers.SGD(0.01))
+    steps = []
+    counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: steps.append(batch))
+    history = model.fit(images, batch_size=32, epochs=2, verbose=0, callbacks=[counter]).history
+    assert steps == [0, 1, 2] * 2 and np.all(np.isfinite(history["loss"]))
+    steps.clear()
+    model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)),
+                   method="simclr", augmenter=ViewAugmenter.from_recipe("simclr", (16, 16, 1)))
+    model.compile(optimizer=keras.optimizers.SGD(0.01))
+    model.fit(images, batch_size=32, epochs=1, verbose=0, callbacks=[counter], drop_remainder=False)
+    assert steps == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="10 images make no whole batch of batch_size=32.*drop_remainder=False"):
+        model.fit(images[:10], batch_size=32, epochs=1, verbose=0)
+    with pytest.raises(ValueError, match=r"as many rows each; received x \[100\], y \[99\]"):
+        model.fit(images, np.zeros(99, "int64"), batch_size=32, epochs=1, verbose=0)
+
+
 def test_per_view_batch_norm_runs_each_view_alone():
     """``view_batch_norm="per_view"``: the loss is that of each view through the network on its own
     (batch statistics per view, as BYOL's code), and the joint default's differs (shared statistics)."""

@@ -41,8 +41,8 @@ class WMSE(Method):
 
     def pair_loss(self, online, target, state):
         if online.shape[0] is None:
-            raise ValueError("wmse needs a static batch size to split it into whitening sub-batches: give fit a "
-                             "number of images that batch_size divides, or a tf.data dataset batched with "
-                             "drop_remainder=True (train.run does)")
+            raise ValueError("wmse needs a static batch size to split it into whitening sub-batches: give fit "
+                             "arrays (it trains them in whole batches unless drop_remainder=False), or a tf.data "
+                             "dataset batched with drop_remainder=True (train.run does)")
         size = self.sub_batch(online.shape[0], online.shape[1])
         return objectives.wmse_loss(online, target, eps=self.options["eps"], whitening_size=size, return_terms=True)

@@ -24,6 +24,7 @@ from uniclr_tf.config.errors import UsageError
 from uniclr_tf.config.train_config import VIEW_BATCH_NORMS
 from uniclr_tf.nets import encoders, heads  # noqa: F401 (encoders: their layers load with a model)
 from uniclr_tf.training.schedules import momentum_schedule
+from uniclr_tf.training import whole_batches
 from uniclr_tf.training.steps import train_step_mixin
 
 #: The projector of :class:`UniCLR` when none is given: the paper's CIFAR head (§4.1).
@@ -225,6 +226,9 @@ class UniCLR(train_step_mixin(), keras.Model):
       ids ``[B]`` or ``[B, 1]``, or one-hot ``[B, classes]``;
     * a tuple of views (float batches made on the host, e.g. by ``ViewAugmenter`` in ``tf.data``), with
       or without labels.
+
+    Arrays train in whole batches, reshuffled each epoch (a short last batch left out, as the train
+    CLI does); datasets and generators as they are batched (see :meth:`fit`).
 
     The projector and the predictor default to the method's heads; a method with an EMA target
     (BYOL, MoCo, or ``options={"ema_momentum": 0.99}``) gets a momentum copy of encoder and
@@ -442,11 +446,20 @@ class UniCLR(train_step_mixin(), keras.Model):
                 for key, v in zip(saved, variables):
                     v.assign(np.asarray(store[key]))
 
-    def fit(self, *args, **kwargs):
-        """Keras' ``fit``; with ``ema_total_steps=None`` (and an EMA target), the EMA momentum reaches 1
-        at this call's last step: the first call's schedule spans its epochs x steps per epoch, a later
-        call's (``fit(epochs=4, initial_epoch=2)``, or ``fit`` again) the steps done plus its own."""
-        x = args[0] if args else kwargs.get("x")
+    def fit(self, *args, drop_remainder=True, **kwargs):
+        """Keras' ``fit``, with two differences.
+
+        In-memory images (NumPy arrays or tensors; or a tuple of view arrays) train in whole batches,
+        as the train CLI's pipeline does: the rows are reshuffled each epoch (unless
+        ``shuffle=False``) and that epoch's last ``len % batch_size`` left out, so no step sees a short
+        batch (see :mod:`uniclr_tf.training.whole_batches`). ``drop_remainder=False`` gives Keras's
+        batching, a partial batch last. Datasets and generators are batched as they come.
+
+        With ``ema_total_steps=None`` (and an EMA target), the EMA momentum reaches 1 at this call's
+        last step: the first call's schedule spans its epochs x steps per epoch, a later call's
+        (``fit(epochs=4, initial_epoch=2)``, or ``fit`` again) the steps done plus its own."""
+        kwargs = whole_batches.bind(args, kwargs)
+        x = kwargs.get("x")
         scale = getattr(self.augmenter, "input_scale", None)
         if (isinstance(x, np.ndarray) and x.dtype.kind == "f" and scale is not None and scale > 1 and x.size
                 and float(np.max(x)) <= 1.0):
@@ -462,9 +475,11 @@ class UniCLR(train_step_mixin(), keras.Model):
             callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else (
                 [] if callbacks is None else [callbacks])
             kwargs["callbacks"] = callbacks + [_EMAScheduleFromFit(kwargs.get("initial_epoch", 0))]
+        if drop_remainder:
+            kwargs = whole_batches.as_whole_batches(kwargs)
         before = self._state_before_fit()
         try:
-            return super().fit(*args, **kwargs)
+            return super().fit(**kwargs)
         except BaseException:
             self._recover_from_a_failed_fit(before)
             raise
@@ -700,9 +715,10 @@ class UniCLR(train_step_mixin(), keras.Model):
         self._checked_batches.add((rows, dim))
         if int(rows) < 2:
             warnings.warn_explicit(
-                f"{self.method.name}: a batch of {rows} row teaches nothing (no other sample to tell it from, and batch "
-                "norm maps one row to zeros): the loss is constant. Use a larger batch_size, or drop a last batch "
-                "of one image", UserWarning, filename="uniclr_tf.UniCLR", lineno=1, module="uniclr_tf.nets.model")
+                f"{self.method.name}: a batch of {rows} row teaches nothing (no other sample to tell it from, and "
+                "batch norm maps one row to zeros): the loss is constant. Use a larger batch_size (fit drops a "
+                "short last batch of arrays unless drop_remainder=False)", UserWarning, filename="uniclr_tf.UniCLR",
+                lineno=1, module="uniclr_tf.nets.model")
         try:  # (the joint-whitening methods' singular covariance is the warning below, not an error)
             if not self.method.whitens:
                 self.method.check_setup(int(rows), int(dim))

@@ -195,7 +195,10 @@ def co2_loss(q, k, queue, temperature=0.2, consistency_temperature=0.04, consist
         L_con = (1/N) Σ_i ½ [KL(P_i‖Q_i) + KL(Q_i‖P_i)],
                 P_i = softmax(n(q_i) n(queue)ᵀ / τ_con),  Q_i = softmax(n(k_i) n(queue)ᵀ / τ_con)
 
-    ``k`` and ``queue`` are constants (stop-gradient inside).
+    ``k`` and ``queue`` are constants (stop-gradient inside). The distributions are over the ``K``
+    negatives only, as the paper's Figure 1 describes (the positive's similarity to the negatives is the
+    query's pseudo label); lightly's ``CO2Regularizer`` also puts the positive pair's logit first in
+    both.
 
     Defaults: ``τ = 0.2`` (MoCo v2), ``τ_con = 0.04`` and ``α = 1``. The CO2 paper's method and
     implementation sections could not be read while this was written (only the abstract and

@@ -6,7 +6,8 @@
   :mod:`~uniclr_tf.training.stop_signals`: backups and resume, run folders and their lock, signals.
 * :mod:`~uniclr_tf.training.schedules`, :mod:`~uniclr_tf.training.optimizers`: warm-up + cosine, LARS,
   PyTorch-style SGD.
-* :mod:`~uniclr_tf.training.steps`: the compiled train steps (TensorFlow, JAX).
+* :mod:`~uniclr_tf.training.steps`: the compiled train steps (TensorFlow, JAX);
+  :mod:`~uniclr_tf.training.whole_batches`: in-memory arrays as whole, reshuffled batches for ``fit``.
 * :mod:`~uniclr_tf.training.launch`, :mod:`~uniclr_tf.training.distribute`,
   :mod:`~uniclr_tf.training.autotune`: one process per GPU, strategies and meshes, XLA autotuning.
 """
