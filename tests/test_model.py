@@ -1,5 +1,7 @@
 """UniCLR model wiring: the objective it computes, EMA target, view pairs, TF/JAX parity."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -249,6 +251,16 @@ def test_fit_trains_arrays_in_whole_batches_reshuffled_each_epoch():
         model.fit(images[:10], batch_size=32, epochs=1, verbose=0)
     with pytest.raises(ValueError, match=r"as many rows each; received x \[100\], y \[99\]"):
         model.fit(images, np.zeros(99, "int64"), batch_size=32, epochs=1, verbose=0)
+    # a dataset of batches of unknown size: a whitening method says what it cannot check
+    model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)),
+                   method="simtrace", augmenter=ViewAugmenter.from_recipe("uniclr", (16, 16, 1)))
+    model.compile(optimizer=keras.optimizers.SGD(0.01))
+    dataset = tf.data.Dataset.from_tensor_slices(images)
+    with pytest.warns(UserWarning, match="no static size.*drop_remainder=True"):
+        model.fit(dataset.batch(32), epochs=1, verbose=0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no static size")
+        model.fit(dataset.batch(32, drop_remainder=True), epochs=1, verbose=0)
 
 
 def test_per_view_batch_norm_runs_each_view_alone():

@@ -23,8 +23,8 @@ from uniclr_tf import augment, methods, objectives  # noqa: F401 (augment: its l
 from uniclr_tf.config.errors import UsageError
 from uniclr_tf.config.train_config import VIEW_BATCH_NORMS
 from uniclr_tf.nets import encoders, heads  # noqa: F401 (encoders: their layers load with a model)
-from uniclr_tf.training.schedules import momentum_schedule
 from uniclr_tf.training import whole_batches
+from uniclr_tf.training.schedules import momentum_schedule
 from uniclr_tf.training.steps import train_step_mixin
 
 #: The projector of :class:`UniCLR` when none is given: the paper's CIFAR head (§4.1).
@@ -477,12 +477,30 @@ class UniCLR(train_step_mixin(), keras.Model):
             kwargs["callbacks"] = callbacks + [_EMAScheduleFromFit(kwargs.get("initial_epoch", 0))]
         if drop_remainder:
             kwargs = whole_batches.as_whole_batches(kwargs)
+        self._warn_of_batches_of_unknown_size(kwargs.get("x"))
         before = self._state_before_fit()
         try:
             return super().fit(**kwargs)
         except BaseException:
             self._recover_from_a_failed_fit(before)
             raise
+
+    def _warn_of_batches_of_unknown_size(self, x):
+        """On TensorFlow the step is traced once for batches of unknown size (a ``tf.data`` dataset
+        batched without ``drop_remainder``), so :meth:`_check_rows` cannot see a short last batch; for
+        a method that whitens the rows of a batch together, say so."""
+        spec = getattr(x, "element_spec", None)
+        if spec is None or not self.method.whitens or keras.backend.backend() != "tensorflow":
+            return
+        first = next(iter(keras.tree.flatten(spec)), None)
+        shape = getattr(first, "shape", None)
+        if shape is None or shape.rank is None or shape.rank == 0 or shape[0] is not None:
+            return
+        warnings.warn_explicit(
+            f"{self.method.name} whitens the rows of a batch together, and this dataset's batches have no static "
+            "size (batched without drop_remainder=True), so a short last batch, whose covariance can be "
+            "singular, is not checked. Batch it with drop_remainder=True, as the train CLI does",
+            UserWarning, filename="uniclr_tf.UniCLR", lineno=1, module="uniclr_tf.nets.model")
 
     def _state_before_fit(self):
         """What :meth:`_recover_from_a_failed_fit` needs: on JAX, each variable's value (arrays, not
