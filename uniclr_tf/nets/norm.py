@@ -39,14 +39,15 @@ class BatchNorm:
     def for_run(cls, mode="global", devices=1):
         """The factory for ``--batch_norm=mode`` over ``devices`` devices on this backend: ``global``
         synchronises BN on TF when the batch is split (JAX's global arrays need nothing);
-        ``per_device`` keeps TF's per-replica BN and, on JAX, takes one group per device;
-        ``global_one_pass`` is global BN whose statistics take one pass (on JAX; on TF it is ``global``)."""
+        ``per_device`` keeps TF's per-replica BN and, on JAX, takes one group per device, its statistics
+        in one pass; ``global_one_pass`` is global BN whose statistics take one pass (on JAX; on TF it is
+        ``global``)."""
         if mode not in BATCH_NORMS:
             raise ValueError(f"batch_norm: expected one of {BATCH_NORMS}; received {mode!r}")
         on_jax = keras.backend.backend() == "jax"
         return cls(synchronized=devices > 1 and mode in ("global", "global_one_pass"),
                    groups=devices if mode == "per_device" and on_jax else 1,
-                   one_pass=mode == "global_one_pass" and on_jax)
+                   one_pass=mode in ("global_one_pass", "per_device") and on_jax)
 
     @property
     def plain(self):
