@@ -207,9 +207,11 @@ def test_uint8_images_and_unit_floats_are_refused_where_they_would_go_wrong_sile
 
 def test_fit_trains_arrays_in_whole_batches_reshuffled_each_epoch():
     """In-memory images train as the CLI's pipeline does: whole batches only, a new order each epoch
-    (so the rows left out change), seeded; on TensorFlow with a static batch size, which W-MSE's
-    sub-batches need (a partial last batch made its traced step fail). ``drop_remainder=False``
-    gives Keras's batching back; too few images for one batch are named."""
+    (so the rows left out change), a function of the seed and the epoch alone; on TensorFlow with a
+    static batch size, which W-MSE's sub-batches need (a partial last batch made its traced step
+    fail). A fit continued at ``initial_epoch`` meets the batches of an uninterrupted one.
+    ``drop_remainder=False`` gives Keras's batching back; too few images for one batch, rows that
+    disagree, and sample weights (no term of the loss is a sample's own) are named."""
     from uniclr_tf.augment import ViewAugmenter
     from uniclr_tf.training.whole_batches import WholeBatches
     ids = np.arange(70)
@@ -223,14 +225,18 @@ def test_fit_trains_arrays_in_whole_batches_reshuffled_each_epoch():
         epochs.append(rows)
         batches.on_epoch_end()
     assert len({frozenset(set(ids) - set(rows)) for rows in epochs}) == 3  # other rows left out each epoch
-    again = WholeBatches(ids, ids % 3, batch_size=32, seed=5)
-    assert np.array_equal(np.concatenate([again[0][0], again[1][0]]), epochs[0])
-    ordered = WholeBatches((ids, -ids), batch_size=32, shuffle=False)  # a tuple of views, in order
-    assert np.array_equal(ordered[1][0][0], ids[32:64]) and np.array_equal(ordered[1][0][1], -ids[32:64])
-    data = WholeBatches(ids, ids % 3, batch_size=32, seed=5).as_tf_dataset()
+    later = WholeBatches(ids, ids % 3, batch_size=32, seed=5, epoch=2)  # epoch 2 alone: its order
+    assert np.array_equal(np.concatenate([later[0][0], later[1][0]]), epochs[2])
+    ordered = WholeBatches([ids, -ids], batch_size=32, shuffle=False)  # a list of views, in order
+    assert isinstance(ordered[1][0], tuple) and np.array_equal(ordered[1][0][1], -ids[32:64])
+    batches = WholeBatches(ids, ids % 3, batch_size=32, seed=5)
+    data = batches.as_tf_dataset()
     assert data.element_spec[0].shape.as_list() == [32]
-    passes = [np.concatenate([x.numpy() for x, _ in data]) for _ in range(2)]
-    assert len(set(passes[0])) == 64 and not np.array_equal(passes[0], passes[1])
+    passes = []
+    for epoch in range(2):
+        batches.epoch = epoch
+        passes.append(np.concatenate([x.numpy() for x, _ in data]))
+    assert np.array_equal(passes[0], epochs[0]) and np.array_equal(passes[1], epochs[1])
 
     images = np.random.default_rng(0).integers(0, 256, (100, 16, 16, 1), dtype="uint8")
     keras.utils.set_random_seed(1)
@@ -241,6 +247,7 @@ def test_fit_trains_arrays_in_whole_batches_reshuffled_each_epoch():
     counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: steps.append(batch))
     history = model.fit(images, batch_size=32, epochs=2, verbose=0, callbacks=[counter]).history
     assert steps == [0, 1, 2] * 2 and np.all(np.isfinite(history["loss"]))
+    model.fit({"images": images}, batch_size=32, epochs=1, verbose=0)  # a dict of arrays too
     steps.clear()
     model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)),
                    method="simclr", augmenter=ViewAugmenter.from_recipe("simclr", (16, 16, 1)))
@@ -251,12 +258,24 @@ def test_fit_trains_arrays_in_whole_batches_reshuffled_each_epoch():
         model.fit(images[:10], batch_size=32, epochs=1, verbose=0)
     with pytest.raises(ValueError, match=r"as many rows each; received x \[100\], y \[99\]"):
         model.fit(images, np.zeros(99, "int64"), batch_size=32, epochs=1, verbose=0)
-    # a dataset of batches of unknown size: a whitening method says what it cannot check
+    with pytest.raises(ValueError, match="sample_weight is not supported"):
+        model.fit(images, sample_weight=np.ones(100), batch_size=32, epochs=1, verbose=0)
+    losses = []  # two epochs in one fit, and the same as one fit and one continued at initial_epoch=1
+    for fits in ([(0, 2)], [(0, 1), (1, 2)]):
+        keras.utils.set_random_seed(2)
+        model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)),
+                       method="simclr", augmenter=ViewAugmenter.from_recipe("simclr", (16, 16, 1), seed=3))
+        model.compile(optimizer=keras.optimizers.SGD(0.01))
+        losses.append([loss for start, end in fits for loss in model.fit(
+            images, batch_size=32, epochs=end, initial_epoch=start, verbose=0).history["loss"]])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6, abs=0), losses
+    # a dataset of batches of unknown size: a whitening method says what it cannot check (on JAX the short
+    # last batch is a step of its own, and its singular covariance is named)
     model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)),
                    method="simtrace", augmenter=ViewAugmenter.from_recipe("uniclr", (16, 16, 1)))
     model.compile(optimizer=keras.optimizers.SGD(0.01))
     dataset = tf.data.Dataset.from_tensor_slices(images)
-    with pytest.warns(UserWarning, match="no static size.*drop_remainder=True"):
+    with pytest.warns(UserWarning, match="no static size.*drop_remainder=True|batch of 4 .* singular"):
         model.fit(dataset.batch(32), epochs=1, verbose=0)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*no static size")

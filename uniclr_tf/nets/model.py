@@ -339,6 +339,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         self.view_batch_norm = view_batch_norm
         self.steps_per_epoch = int(steps_per_epoch) if steps_per_epoch else None
         self._checked_batches = set()
+        self._whole_batches_seed = None  # (drawn from NumPy's generator at the first fit on arrays)
 
         if self.ema_momentum is not None:
             self.target_encoder = _copy_model(encoder, "target_encoder")
@@ -452,8 +453,11 @@ class UniCLR(train_step_mixin(), keras.Model):
         In-memory images (NumPy arrays or tensors; or a tuple of view arrays) train in whole batches,
         as the train CLI's pipeline does: the rows are reshuffled each epoch (unless
         ``shuffle=False``) and that epoch's last ``len % batch_size`` left out, so no step sees a short
-        batch (see :mod:`uniclr_tf.training.whole_batches`). ``drop_remainder=False`` gives Keras's
-        batching, a partial batch last. Datasets and generators are batched as they come.
+        batch. Epoch ``e``'s order depends on ``e`` and a seed, the augmenter's (``ViewAugmenter(seed=)``)
+        or else one the model draws from NumPy's generator at its first such fit, so a resumed or
+        continued fit meets the batches the uninterrupted one would have (see :mod:`uniclr_tf.training.whole_batches`). ``drop_remainder=False`` gives
+        Keras's batching, a partial batch last. Datasets and generators are batched as they come.
+        ``sample_weight`` and ``class_weight`` are refused: no term of the loss is a sample's own.
 
         With ``ema_total_steps=None`` (and an EMA target), the EMA momentum reaches 1 at this call's
         last step: the first call's schedule spans its epochs x steps per epoch, a later call's
@@ -470,13 +474,17 @@ class UniCLR(train_step_mixin(), keras.Model):
             if kwargs.get(name):
                 raise ValueError(f"UniCLR.fit: {name} is not supported ({_NO_EVALUATE}); drop it and pass "
                                  "callbacks=[uniclr_tf.KNNMonitor(...)] to follow the features on held-out images")
+        for name in ("sample_weight", "class_weight"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"UniCLR.fit: {name} is not supported: the self-supervised loss is a statistic of "
+                                 "the whole batch, with no per-sample term to weight; drop it")
         if self._ema_pairs and self._ema_steps_from_fit:
-            callbacks = kwargs.get("callbacks")
-            callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else (
-                [] if callbacks is None else [callbacks])
-            kwargs["callbacks"] = callbacks + [_EMAScheduleFromFit(kwargs.get("initial_epoch", 0))]
+            kwargs = whole_batches.with_callback(kwargs, _EMAScheduleFromFit(kwargs.get("initial_epoch", 0)))
         if drop_remainder:
-            kwargs = whole_batches.as_whole_batches(kwargs)
+            if self._whole_batches_seed is None:  # one per model: epoch e's order is the same in every fit
+                seed = getattr(self.augmenter, "seed", None)  # (a seeded augmenter's: resumes need no more)
+                self._whole_batches_seed = int(np.random.randint(2**31 - 1)) if seed is None else int(seed) + 7
+            kwargs = whole_batches.as_whole_batches(kwargs, self._whole_batches_seed)
         self._warn_of_batches_of_unknown_size(kwargs.get("x"))
         before = self._state_before_fit()
         try:

@@ -442,6 +442,8 @@ class BackupAndResume(keras.callbacks.Callback):
     would have; so it does on TensorFlow with a seeded ``ViewAugmenter`` as the model's augmenter (its
     views keyed by seed, step and replica). A tf.data map is the caller's: keyed by batch
     (``pretrain_dataset(..., augment_seed=)``) it resumes exactly too, otherwise it draws other crops.
+    Arrays keep their batches: ``UniCLR.fit`` orders epoch ``e``'s rows by ``e`` and the seeded
+    augmenter's seed (else a seed drawn from NumPy's generator at the model's first fit).
 
     Examples:
         >>> backup = uniclr_tf.BackupAndResume("checkpoints/run1")
