@@ -12,7 +12,9 @@ The order of epoch ``e`` is a function of ``(seed, e)`` alone, the absolute epoc
 the callbacks (``initial_epoch`` and a resumed fit's included), so a fit resumed by
 ``uniclr_tf.BackupAndResume`` or continued with ``initial_epoch`` meets the batches the uninterrupted
 one would have. On TensorFlow the batches are a ``tf.data`` pipeline of those row indices, gathered
-from the arrays (a Keras ``PyDataset`` reaches TensorFlow's step with no static batch size).
+from the arrays (a Keras ``PyDataset`` reaches TensorFlow's step with no static batch size); the
+indices come from this Python process (``from_generator``), so where the input pipeline runs on
+another machine (a remote TPU node, not a TPU VM) pass a ``tf.data`` dataset, or ``drop_remainder=False``.
 """
 
 import inspect
