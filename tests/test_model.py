@@ -229,6 +229,7 @@ def test_fit_trains_arrays_in_whole_batches_reshuffled_each_epoch():
     assert np.array_equal(np.concatenate([later[0][0], later[1][0]]), epochs[2])
     ordered = WholeBatches([ids, -ids], batch_size=32, shuffle=False)  # a list of views, in order
     assert isinstance(ordered[1][0], tuple) and np.array_equal(ordered[1][0][1], -ids[32:64])
+    assert isinstance(WholeBatches({"views": [ids, -ids]}, batch_size=32)[0][0]["views"], tuple)
     batches = WholeBatches(ids, ids % 3, batch_size=32, seed=5)
     data = batches.as_tf_dataset()
     assert data.element_spec[0].shape.as_list() == [32]
@@ -280,6 +281,39 @@ def test_fit_trains_arrays_in_whole_batches_reshuffled_each_epoch():
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*no static size")
         model.fit(dataset.batch(32, drop_remainder=True), epochs=1, verbose=0)
+
+
+def test_a_fit_resumed_from_its_backup_trains_as_the_uninterrupted_one(tmp_path):
+    """BYOL (an EMA schedule left open) on arrays with a seeded augmenter, 3 epochs straight, and the same
+    stopped during epoch 3 then resumed by a new model from ``BackupAndResume``'s backup: the same EMA
+    schedule (it ends at the run's last step, not 2 epochs later) and the same last epoch."""
+    import uniclr_tf
+    from uniclr_tf.augment import ViewAugmenter
+    images = np.random.default_rng(0).integers(0, 256, (100, 16, 16, 1), dtype="uint8")
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)),
+                       method="byol", predictor_hidden=16,
+                       augmenter=ViewAugmenter.from_recipe("byol", (16, 16, 1), seed=3))
+        model.compile(optimizer=keras.optimizers.SGD(0.01))
+        return model
+
+    class Stop(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == 7:  # (3 steps an epoch: during epoch 3)
+                raise KeyboardInterrupt
+
+    straight = build()
+    loss = straight.fit(images, batch_size=32, epochs=3, verbose=0).history["loss"][-1]
+    backup = uniclr_tf.BackupAndResume(str(tmp_path), verbose=False)
+    with pytest.raises(KeyboardInterrupt):
+        build().fit(images, batch_size=32, epochs=3, verbose=0, callbacks=[backup, Stop()])
+    resumed = build()
+    history = resumed.fit(images, batch_size=32, epochs=3, verbose=0, callbacks=[backup]).history
+    assert backup.resumed_from == {"epoch": 2, "step": 6} and len(history["loss"]) == 1
+    assert resumed.ema_total_steps == straight.ema_total_steps == 9
+    assert history["loss"][-1] == pytest.approx(loss, rel=1e-6, abs=0)
 
 
 def test_per_view_batch_norm_runs_each_view_alone():

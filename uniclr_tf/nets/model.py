@@ -187,7 +187,9 @@ class _EMAScheduleFromFit(keras.callbacks.Callback):
         if not steps or not epochs:
             return
         done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-        total = max(int(epochs) * int(steps), done + (int(epochs) - self.initial_epoch) * int(steps), 1)
+        # (a callback before this one may have moved the start: BackupAndResume restores, as Keras reads it)
+        initial = int(getattr(model, "_initial_epoch", None) or self.initial_epoch)
+        total = max(int(epochs) * int(steps), done + (int(epochs) - initial) * int(steps), 1)
         if total != model.ema_total_steps:
             traced = model.ema_total_steps is not None
             model.ema_total_steps = total

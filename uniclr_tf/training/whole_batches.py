@@ -34,8 +34,7 @@ class WholeBatches(keras.utils.PyDataset):
 
     def __init__(self, x, y=None, *, batch_size, shuffle=True, seed=0, epoch=0):
         super().__init__()
-        if isinstance(x, list):  # (a list of views: tf.data would stack it into one tensor)
-            x = tuple(x)
+        x = _lists_as_tuples(x)  # (a list of views: tf.data would stack it into one tensor)
         self._parts = keras.tree.map_structure(np.asarray, (x,) if y is None else (x, y))
         counts = {len(a) for a in keras.tree.flatten(self._parts)}
         if len(counts) != 1:
@@ -97,6 +96,13 @@ class EpochOfBatches(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.batches.epoch = int(epoch)
+
+
+def _lists_as_tuples(part):
+    """``part`` with its lists (of views, at the top or in a dict) as tuples."""
+    if isinstance(part, dict):
+        return {key: _lists_as_tuples(value) for key, value in part.items()}
+    return tuple(part) if isinstance(part, list) else part
 
 
 def _rows_of(*parts):
