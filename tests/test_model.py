@@ -248,7 +248,8 @@ def test_fit_trains_arrays_in_whole_batches_reshuffled_each_epoch():
     counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: steps.append(batch))
     history = model.fit(images, batch_size=32, epochs=2, verbose=0, callbacks=[counter]).history
     assert steps == [0, 1, 2] * 2 and np.all(np.isfinite(history["loss"]))
-    model.fit({"images": images}, batch_size=32, epochs=1, verbose=0)  # a dict of arrays too
+    model.fit({"images": images}, batch_size=32, epochs=1, verbose=0)  # a dict of arrays too, with or without y
+    model.fit({"images": images}, np.arange(100) % 3, batch_size=32, epochs=1, verbose=0)
     steps.clear()
     model = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), heads.projector(16, (32, 8)),
                    method="simclr", augmenter=ViewAugmenter.from_recipe("simclr", (16, 16, 1)))

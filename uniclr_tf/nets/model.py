@@ -87,6 +87,9 @@ def unpack(data):
         return unpack(data[0])
     if _is_views(data) and len(data) >= 2:
         first, second = data[0], data[1]
+        if isinstance(first, dict):  # (Keras's packing of a dict x and its y)
+            x, labels = unpack(first)
+            return x, labels if second is None else _class_ids(second, x)
         if _is_views(first) or second is None or _rank(second) is None or _rank(second) < _rank(first):
             return first, _class_ids(second, first)
     return data, None
