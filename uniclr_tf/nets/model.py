@@ -460,8 +460,9 @@ class UniCLR(train_step_mixin(), keras.Model):
         ``shuffle=False``) and that epoch's last ``len % batch_size`` left out, so no step sees a short
         batch. Epoch ``e``'s order depends on ``e`` and a seed, the augmenter's (``ViewAugmenter(seed=)``)
         or else one the model draws from NumPy's generator at its first such fit, so a resumed or
-        continued fit meets the batches the uninterrupted one would have (see :mod:`uniclr_tf.training.whole_batches`). ``drop_remainder=False`` gives
-        Keras's batching, a partial batch last. Datasets and generators are batched as they come.
+        continued fit meets the batches the uninterrupted one would have (see
+        :mod:`uniclr_tf.training.whole_batches`). ``drop_remainder=False`` gives Keras's batching, a
+        partial batch last. Datasets and generators are batched as they come.
         ``sample_weight`` and ``class_weight`` are refused: no term of the loss is a sample's own.
 
         With ``ema_total_steps=None`` (and an EMA target), the EMA momentum reaches 1 at this call's

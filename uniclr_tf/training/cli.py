@@ -83,8 +83,8 @@ def build_model(cfg, info, augmenter=None, devices=1, method=None):
 
     ``devices`` > 1 (the batch split over several): ``--batch_norm=global`` synchronises BN on TF
     (JAX's global arrays need nothing); ``per_device`` keeps TF's per-replica BN and, on JAX, builds
-    ``GroupBatchNormalization`` with one group per device (one-pass statistics); ``global_one_pass`` is global BN whose
-    statistics take one pass (on JAX: ``GroupBatchNormalization(one_pass=True)``)."""
+    ``GroupBatchNormalization`` with one group per device (one-pass statistics); ``global_one_pass`` is
+    global BN whose statistics take one pass (on JAX: ``GroupBatchNormalization(one_pass=True)``)."""
     import uniclr_tf
     from uniclr_tf.nets.norm import BatchNorm
     method = method if method is not None else cfg.build_method()
