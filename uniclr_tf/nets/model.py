@@ -111,7 +111,8 @@ def _class_ids(labels, x):
         return ops.reshape(labels, (-1,)) if labels.shape[-1] == 1 else ops.argmax(labels, axis=-1)
     # rank unknown: a TF function traced again for another form of labels than its first
     flat = ops.reshape(labels, (ops.shape(x[0] if _is_views(x) else x)[0], -1))
-    return ops.where(ops.shape(flat)[1] > 1, ops.cast(ops.argmax(flat, axis=-1), "int32"), ops.cast(flat[:, 0], "int32"))
+    one_hot = ops.shape(flat)[1] > 1
+    return ops.where(one_hot, ops.cast(ops.argmax(flat, axis=-1), "int32"), ops.cast(flat[:, 0], "int32"))
 
 
 def _dims(dims, arg):

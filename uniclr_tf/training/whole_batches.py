@@ -28,8 +28,8 @@ class WholeBatches(keras.utils.PyDataset):
 
     ``x`` is an array (images), a tuple / list of arrays (views) or a dict of them (``images`` or
     ``views``, ``labels``), ``y`` an array or ``None``, each with as many rows. With ``shuffle`` the
-    rows of epoch ``epoch`` come in the order ``numpy.random.default_rng([seed, epoch]).permutation(rows)``; :class:`EpochOfBatches` (a
-    callback) keeps ``epoch`` at Keras's epoch.
+    rows of epoch ``epoch`` come in the order ``numpy.random.default_rng([seed, epoch]).permutation(rows)``;
+    :class:`EpochOfBatches` (a callback) keeps ``epoch`` at Keras's epoch.
     """
 
     def __init__(self, x, y=None, *, batch_size, shuffle=True, seed=0, epoch=0):
