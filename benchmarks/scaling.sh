@@ -115,6 +115,10 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
     *) echo "scaling: unknown variant '$v'" >&2; return 2 ;;
   esac
   [ -n "$bind" ] && layout="$layout, CPUs bound"
+  local options
+  # shellcheck disable=SC2086
+  options=$(echo ${extra[*]/--strategy=data_parallel/} $xla $nccl)  # the options' own flags, in the report
+  [ -n "$options" ] && layout="$layout, $options"
   printf '{"variant": "%s", "run": "%s", "gpus": %d, "batch_per_gpu": %d, "layout": "%s"}\n' \
     "$v" "$kind" "$ngpu" "$per" "$layout" > "$RUNS_DIR/$v.json"
   local r tag flags last=$((EPOCHS * (images / batch))) rc start
