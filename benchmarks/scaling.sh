@@ -25,8 +25,10 @@
 #            or 28 steps an epoch on 1, 2 or 4 GPUs), and XLA flags: lhs (latency-hiding scheduler), cmdbuf
 #            (collectives in CUDA graphs), sync (all-reduces on the compute stream), oneshot (XLA's one-shot
 #            all-reduce), sym (NCCL symmetric buffers), nocombine (no heuristic collective combining), noshard
-#            (every process autotunes); and NCCL's protocol for every collective: ll (NCCL_PROTO=LL, its
-#            low-latency protocol for small messages), ll128 (NCCL_PROTO=LL128)
+#            (every process autotunes), pgle (the latency-hiding scheduler fed by JAX's profile-guided
+#            latency estimates: the step's first 3 runs profiled, then recompiled); and NCCL's protocol for
+#            every collective: ll (NCCL_PROTO=LL, its low-latency protocol for small messages), ll128
+#            (NCCL_PROTO=LL128)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
 # RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
 # (RUNS_DIR/VARIANT-trace: python -m benchmarks.report trace RUNS_DIR/VARIANT-trace [--compare=...]).
@@ -76,7 +78,7 @@ run() {  # run NAME GPUS PROCESSES [TRAIN FLAGS...]: one train command (PROCESSE
   local env_=(CUDA_VISIBLE_DEVICES="$gpus") entry=(-m uniclr_tf.train)
   [ -n "${CPU_DEVICES:-}" ] && env_+=(XLA_FLAGS="${XLA:-} --xla_force_host_platform_device_count=$(( $(awk -F, '{print NF}' <<< "$gpus") / procs ))")
   [ -z "${CPU_DEVICES:-}" ] && [ -n "${XLA:-}" ] && env_+=(XLA_FLAGS="$XLA")
-  [ -n "${NCCL_ENV:-}" ] && read -ra nccl_ <<< "$NCCL_ENV" && env_+=("${nccl_[@]}")
+  [ -n "${RUN_ENV:-}" ] && read -ra runenv_ <<< "$RUN_ENV" && env_+=("${runenv_[@]}")
   [ "$procs" -gt 1 ] && entry=(-m uniclr_tf.launch --processes="$procs" --log_dir="$RUNS_DIR/logs/$name" ${LAUNCH_FLAGS:-} --)
   # shellcheck disable=SC2086
   env "${env_[@]}" timeout --kill-after=20 "$LIMIT" ${PREFIX:-} "$PY" "${entry[@]}" "${COMMON[@]}" $EXTRA \
@@ -84,7 +86,7 @@ run() {  # run NAME GPUS PROCESSES [TRAIN FLAGS...]: one train command (PROCESSE
 }
 
 variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RUNS_DIR/NAME.json
-  local v=$1 kind part xla="" nccl="" extra=() bind="" images=60000
+  local v=$1 kind part xla="" runenv="" extra=() bind="" images=60000
   kind=${v%%+*}
   for part in $(tr '+' ' ' <<< "${v#"$kind"}"); do
     case $part in
@@ -99,7 +101,9 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
       sym) xla="$xla --xla_gpu_experimental_enable_nccl_symmetric_buffers=true" ;;
       nocombine) xla="$xla --xla_gpu_experimental_enable_heuristic_collective_combining=false" ;;
       noshard) xla="$xla --xla_gpu_shard_autotuning=false" ;;
-      ll) nccl="$nccl NCCL_PROTO=LL" ;; ll128) nccl="$nccl NCCL_PROTO=LL128" ;;
+      ll) runenv="$runenv NCCL_PROTO=LL" ;; ll128) runenv="$runenv NCCL_PROTO=LL128" ;;
+      pgle) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true"
+            runenv="$runenv JAX_ENABLE_PGLE=true JAX_PGLE_PROFILING_RUNS=3" ;;
       *) echo "scaling: unknown option '$part' of $v" >&2; return 2 ;;
     esac
   done
@@ -117,7 +121,7 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
   [ -n "$bind" ] && layout="$layout, CPUs bound"
   local options
   # shellcheck disable=SC2086
-  options=$(echo ${extra[*]/--strategy=data_parallel/} $xla $nccl)  # the options' own flags, in the report
+  options=$(echo ${extra[*]/--strategy=data_parallel/} $xla $runenv)  # the options' own flags, in the report
   [ -n "$options" ] && layout="$layout, $options"
   printf '{"variant": "%s", "run": "%s", "gpus": %d, "batch_per_gpu": %d, "layout": "%s"}\n' \
     "$v" "$kind" "$ngpu" "$per" "$layout" > "$RUNS_DIR/$v.json"
@@ -125,7 +129,7 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
   for ((r = 1; r <= REPEATS + (TRACE == 1 ? 1 : 0); r++)); do
     tag=$v-r$r; flags=("${extra[@]}" --batch_size="$batch")
     [ "$r" -gt "$REPEATS" ] && { tag=$v-trace; flags+=(--profile_steps=$((last - 5)),$((last - 1))); }
-    echo "=== $(date -u +%T) $tag: $layout, batch $batch${xla:+, XLA_FLAGS=$xla}${nccl:+,$nccl}"
+    echo "=== $(date -u +%T) $tag: $layout, batch $batch${xla:+, XLA_FLAGS=$xla}${runenv:+,$runenv}"
     start=$SECONDS
     if [ "$kind" = indep ]; then  # one run per GPU at once; GPU 0's is the variant's
       local k pids=() cpus=$(nproc)
@@ -133,11 +137,11 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
         local name=$tag prefix=""
         [ "$k" -gt 0 ] && name=gpu$k.$tag  # not VARIANT-rN: only GPU 0's run is the variant's
         [ -n "$bind" ] && prefix="taskset -c $((k * cpus / GPUS))-$(((k + 1) * cpus / GPUS - 1))"
-        XLA=$xla NCCL_ENV=$nccl PREFIX=$prefix run "$name" "$k" 1 "${flags[@]}" & pids+=($!)
+        XLA=$xla RUN_ENV=$runenv PREFIX=$prefix run "$name" "$k" 1 "${flags[@]}" & pids+=($!)
       done
       rc=0; for k in "${pids[@]}"; do wait "$k" || rc=$?; done
     else
-      XLA=$xla NCCL_ENV=$nccl LAUNCH_FLAGS=${bind:+--cpu_binding=gpu} run "$tag" "$gpus" "$procs" "${flags[@]}"; rc=$?
+      XLA=$xla RUN_ENV=$runenv LAUNCH_FLAGS=${bind:+--cpu_binding=gpu} run "$tag" "$gpus" "$procs" "${flags[@]}"; rc=$?
     fi
     echo "rc=$rc seconds=$((SECONDS - start))" > "$RUNS_DIR/$tag.status"
     echo "    exit $rc after $((SECONDS - start)) s"
