@@ -344,3 +344,15 @@ def test_an_option_of_the_wrong_type_is_named_with_the_type_it_needs():
     assert methods.create("simclr", temperature=np.float32(0.5)).options["temperature"] == 0.5
     groups = methods.create("simtrace", whitening_groups=2.0).options["whitening_groups"]
     assert groups == 2 and type(groups) is int
+
+
+def test_wmse_eps_is_a_shrinkage_in_0_1_where_the_other_whitenings_take_any_ridge():
+    """--eps is one flag: the Cholesky ridge of SimWhitening / SimTrace (any ε > 0) and W-MSE's shrinkage
+    (1 − ε)·Σ + ε·I, refused up front outside [0, 1) rather than when the loss is first traced."""
+    with pytest.raises(ValueError, match=r"--eps: expected a number in \[0, 1\) \(W-MSE's shrinkage\) for "
+                                         r"--method=wmse; received 1.5"):
+        methods.create("wmse", eps=1.5)
+    assert methods.create("wmse", eps=0.0).options["eps"] == 0.0
+    assert methods.create("simtrace", eps=1.5).options["eps"] == 1.5
+    with pytest.raises(ValueError, match=r"--eps: expected a number > 0"):
+        methods.create("simtrace", eps=0.0)

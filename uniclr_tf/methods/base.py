@@ -93,7 +93,8 @@ COMMON_OPTIONS = {
         int, "The symmetric loss is scaled by R/N for a batch of N rows, so that γ means at every batch "
              "what it means at R rows (‖A − Aᵀ‖_F grows with N); 0 = the paper's unscaled term. "
              "Default 512, the paper's batch.", _non_negative, "an integer >= 0"),
-    "eps": Option(float, "Ridge ε added to the covariance before the Cholesky factorisation.",
+    "eps": Option(float, "Ridge ε added to the covariance before the Cholesky factorisation (W-MSE: the "
+                         "shrinkage (1 − ε)·Σ + ε·I, ε in [0, 1)).",
                   _positive, "a number > 0 (the ridge keeps Cholesky finite)"),
     "whitening_mode": Option(str, "SimWhitening: cholesky (paper) or one_sided (authors' code).",
                              choices=("cholesky", "one_sided")),

@@ -23,6 +23,13 @@ class WMSE(Method):
                                                   "batch and exceed the embedding size); 0: the smallest "
                                                   "divisor of the batch >= 2 x the embedding size.",
                                              lambda v: v == 0 or v > 1, "0 or an integer > 1")}
+    # --eps is the other whitening methods' ridge too (one flag, its help in COMMON_OPTIONS); here a shrinkage
+    _shrinkage = Option(float, "W-MSE: shrinkage ε of the covariance, (1 − ε)·Σ + ε·I.",
+                        lambda v: 0 <= v < 1, "a number in [0, 1) (W-MSE's shrinkage)")
+
+    @classmethod
+    def spec(cls, option):
+        return cls._shrinkage if option == "eps" else super().spec(option)
 
     def sub_batch(self, batch_size, embedding_dim):
         """Rows per whitening sub-batch for a batch of ``batch_size`` rows."""

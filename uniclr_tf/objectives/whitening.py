@@ -10,7 +10,7 @@ here is the paper's, transposed). The statistics are those of the two views toge
     w(z) = (z − μ) L⁻ᵀ                      # a triangular solve, never an explicit inverse
 
 so that ``w(z1) w(z2)ᵀ = (z1 − μ) Σ⁻¹ (z2 − μ)ᵀ`` and the whitened rows of ``Ẑ`` have covariance
-``I − ε Σ⁻¹ ≈ I``.
+``I − ε L⁻¹L⁻ᵀ ≈ I`` (the eigenvalues of ``I − ε Σ⁻¹``).
 
 All linear algebra runs in float32 or wider whatever the input dtype (bfloat16 / float16 are upcast
 to float32, float64 stays float64), and the covariance product runs at the highest matmul precision

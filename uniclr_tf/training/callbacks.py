@@ -80,7 +80,8 @@ class StepClock(keras.callbacks.Callback):
 
 def start_trace(log_dir):
     """Starts the backend's profiler into ``log_dir``: on JAX ``jax.profiler`` with a Perfetto trace
-    (``benchmarks/trace_summary.py`` reads it) and without Python events, on TensorFlow ``tf.profiler``."""
+    (``python -m benchmarks.report trace`` reads it) and without Python events, on TensorFlow
+    ``tf.profiler``."""
     os.makedirs(log_dir, exist_ok=True)
     if keras.backend.backend() == "jax":
         import jax
