@@ -467,3 +467,20 @@ def test_transfer_errors_are_one_line_naming_the_dataset_flag(run_dir, tmp_path)
             le.load_run_data(folder, dataset=spec)
         message = str(error.value)
         assert message.startswith(f"--dataset={spec}: ") and words in message and "\n" not in message, message
+
+
+def test_linear_evaluation_reads_no_statistics_as_the_augmenter_does(loaded):
+    """``mean=None, std=None`` (what ``model.augmenter.mean`` / ``.std`` are for an augmenter built without
+    them) normalise as the augmenter and ``EvalPreprocess`` do: 0.5 / 0.5 for grey images, not the
+    statistics of the training arrays, which pretraining never saw."""
+    import uniclr_tf
+    info = le.load_run_data(loaded, max_examples=256)
+    train, test = info.splits["train"], info.splits["test"]
+    settings = dict(epochs=1, batch_size=64, augment=False, verbose=0)
+    arrays = (train.images, train.labels), (test.images, test.labels)
+    got = uniclr_tf.linear_evaluation(loaded.encoder, *arrays, **settings)
+    assert (got["settings"]["mean"], got["settings"]["std"]) == ([0.5], [0.5]), got["settings"]
+    want = uniclr_tf.linear_evaluation(loaded.encoder, *arrays, mean=(0.5,), std=(0.5,), **settings)
+    assert (got["top1"], got["train_loss"]) == (want["top1"], want["train_loss"])
+    other = uniclr_tf.linear_evaluation(loaded.encoder, *arrays, mean=info.mean, std=info.std, **settings)
+    assert other["settings"]["mean"] != [0.5]

@@ -272,7 +272,8 @@ def linear_evaluation(encoder, train, test, num_classes: Optional[int] = None, m
         ``[N]`` (or ``[N, 1]``, as ``keras.datasets`` gives them) in ``[0, num_classes)``.
       num_classes: the number of classes (default: the largest label + 1).
       mean, std: the per-channel statistics in [0, 1] units the encoder was pretrained with
-        (``model.augmenter.mean`` / ``.std``); default: those of ``train``'s images.
+        (``model.augmenter.mean`` / ``.std``). ``None`` means what it means to the augmenter and to
+        :class:`~uniclr_tf.EvalPreprocess`: ImageNet's statistics for RGB images, 0.5 / 0.5 for grey ones.
       **kwargs: the rest of :func:`linear_eval`'s arguments (``epochs``, ``batch_size``, ``augment``,
         ``learning_rate``, ``label_fraction``, ``seed``, ...).
 
@@ -284,7 +285,15 @@ def linear_evaluation(encoder, train, test, num_classes: Optional[int] = None, m
         ...                                      mean=augmenter.mean, std=augmenter.std, epochs=100)
         >>> result["top1"]
     """
-    return linear_eval(encoder, arrays_info(train, test, num_classes), mean=mean, std=std, **kwargs)
+    from uniclr_tf.augment.functional import _resolve_stats
+
+    info = arrays_info(train, test, num_classes)
+    # None as the augmenter reads it (linear_eval's own None, the dataset's statistics, suits the CLI, whose
+    # runs are pretrained with them)
+    defaults = [tuple(round(float(v), 7) for v in stats)
+                for stats in _resolve_stats(None, None, info.image_shape[-1])]
+    return linear_eval(encoder, info, mean=defaults[0] if mean is None else mean,
+                       std=defaults[1] if std is None else std, **kwargs)
 
 
 def arrays_info(train, test, num_classes=None):

@@ -239,9 +239,10 @@ class UniCLR(train_step_mixin(), keras.Model):
     The projector and the predictor default to the method's heads; a method with an EMA target
     (BYOL, MoCo, or ``options={"ema_momentum": 0.99}``) gets a momentum copy of encoder and
     projector, updated inside every train step (no callback needed), its momentum rising from the
-    base to 1 on a cosine over ``ema_total_steps``. ``model.encoder`` is the backbone you passed, a
-    plain Keras model to reuse; ``model.save("m.keras")`` and ``keras.saving.load_model`` round-trip
-    the whole model, and training continues with the same method, heads and optimizer state.
+    base to 1 on a cosine over ``ema_total_steps`` (BYOL's schedule; MoCo v2 and CO2 keep it constant).
+    ``model.encoder`` is the backbone you passed, a plain Keras model to reuse; ``model.save("m.keras")``
+    and ``keras.saving.load_model`` round-trip the whole model, and training continues with the same
+    method, heads and optimizer state.
 
     Examples:
         >>> import keras, numpy as np, uniclr_tf
