@@ -261,3 +261,27 @@ def test_the_train_cli_hands_lars_its_trust_coefficient_and_clipping():
     from uniclr_tf.config import train_config
     assert train_config.LARS_ETA == optimizers.LARS_ETA == 0.001  # the config's copy and the optimizer's
     assert type(cli.build_optimizer(TrainConfig.make(optimizer="sgd"), 10)) is optimizers.SGD
+
+
+def test_knn_eval_on_a_labelled_subset_is_the_kNN_of_that_subset():
+    """``label_fraction`` / ``seed``: the memory bank is the class-balanced subset the evaluation CLIs pick
+    (``protocols.label_subset``), and a different seed draws a different one; a batched ``train`` or a
+    fraction outside (0, 1] is refused by name."""
+    from uniclr_tf.evaluation import protocols
+    encoder = keras.Sequential([keras.Input(IMAGE_SHAPE), keras.layers.Flatten()])
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, (90,) + IMAGE_SHAPE).astype(np.uint8)
+    y = rng.integers(0, 3, 90)
+    test = (rng.integers(0, 256, (30,) + IMAGE_SHAPE).astype(np.uint8), rng.integers(0, 3, 30))
+    preprocess = lambda a: np.asarray(a, np.float32) / 255.0  # noqa: E731
+    keep = protocols.label_subset(y, 0.2, 3)
+    assert 0 < len(keep) < len(y)
+    want = evaluation.knn_eval(encoder, preprocess, (x[keep], y[keep]), test, 3, k=5)
+    got = evaluation.knn_eval(encoder, preprocess, (x, y[:, None]), test, 3, k=5, label_fraction=0.2, seed=3)
+    assert got == want
+    assert not np.array_equal(keep, protocols.label_subset(y, 0.2, 4))
+    batches = [(x[:45], y[:45]), (x[45:], y[45:])]
+    with pytest.raises(ValueError, match=r"label_fraction: the labelled subset is drawn from in-memory"):
+        evaluation.knn_eval(encoder, preprocess, batches, test, 3, k=5, label_fraction=0.2)
+    with pytest.raises(ValueError, match=r"label_fraction"):
+        evaluation.knn_eval(encoder, preprocess, (x, y), test, 3, k=5, label_fraction=1.5)

@@ -229,13 +229,15 @@ def _device_knn_program(n_train, n_test, num_classes, k, temperature, chunk_size
 
 
 def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0.1, batch_size=512,
-             with_rank=False):
+             with_rank=False, label_fraction=1.0, seed=0):
     """Weighted kNN top-1/top-5 of ``encoder`` features.
 
     ``train`` (the memory bank) and ``test`` are ``(images, labels)`` arrays or batched
     ``(images, labels)`` iterables (see :func:`extract_features`). Returns ``{"top1", "top5"}``,
     fractions in [0, 1], and with ``with_rank`` the :func:`effective_rank` of the test features
-    (``"effective_rank"``). The similarities and top-k run on the backend's device (``keras.ops``); on
+    (``"effective_rank"``). ``label_fraction < 1`` keeps a class-balanced subset of an in-memory
+    ``train`` as the memory bank, drawn by ``seed``: the subset the evaluation CLIs'
+    ``--label_fraction`` and ``--seed`` pick (:func:`uniclr_tf.evaluation.protocols.label_subset`). The similarities and top-k run on the backend's device (``keras.ops``); on
     JAX with in-memory data the features never leave the device (:func:`device_features`) and
     everything after them is one compiled program (:func:`_device_knn_program`).
 
@@ -244,6 +246,13 @@ def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0
         >>> uniclr_tf.knn_eval(model.encoder, preprocess, (train_x, train_y), (test_x, test_y), num_classes=10, k=20)
         {'top1': 0.81, 'top5': 0.98}
     """
+    if label_fraction != 1.0:
+        from uniclr_tf.evaluation import protocols
+        if not _is_in_memory(train) or train[1] is None:
+            raise ValueError("label_fraction: the labelled subset is drawn from in-memory (images, labels) "
+                             "arrays; received a batched iterable or no labels for train")
+        keep = protocols.label_subset(np.asarray(train[1]).reshape(-1), label_fraction, seed)
+        train = (np.asarray(train[0])[keep], np.asarray(train[1])[keep])
     if _features_stay_on_device(train) and _features_stay_on_device(test):
         from keras import ops
         train_b, n_train = _device_feature_batches(encoder, preprocess, train[0], batch_size)
