@@ -243,8 +243,7 @@ class EvalConfig(_Section):
                                     "'collapsed', the last healthy backup kept) or warn and go on.")
     collapse_knn_margin: float = flag(0.10, "The collapse detector's kNN signal: a kNN-monitor reading this far "
                                             "below the raw-pixel baseline, after the warm-up (and 5 epochs) or, "
-                                            "earlier, once also this far below the run's best "
-                                            "reading.")
+                                            "earlier, once also this far below the run's best reading.")
     collapse_std_fraction: float = flag(0.02, "The collapse detector's std signal: the embedding std (of the "
                                               "l2-normalised projector outputs) below this fraction of the 1/sqrt(D) "
                                               "of spread-out embeddings.")

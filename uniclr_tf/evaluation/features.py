@@ -237,9 +237,10 @@ def knn_eval(encoder, preprocess, train, test, num_classes, k=200, temperature=0
     fractions in [0, 1], and with ``with_rank`` the :func:`effective_rank` of the test features
     (``"effective_rank"``). ``label_fraction < 1`` keeps a class-balanced subset of an in-memory
     ``train`` as the memory bank, drawn by ``seed``: the subset the evaluation CLIs'
-    ``--label_fraction`` and ``--seed`` pick (:func:`uniclr_tf.evaluation.protocols.label_subset`). The similarities and top-k run on the backend's device (``keras.ops``); on
-    JAX with in-memory data the features never leave the device (:func:`device_features`) and
-    everything after them is one compiled program (:func:`_device_knn_program`).
+    ``--label_fraction`` and ``--seed`` pick (:func:`uniclr_tf.evaluation.protocols.label_subset`).
+    The similarities and top-k run on the backend's device (``keras.ops``); on JAX with in-memory
+    data the features never leave the device (:func:`device_features`) and everything after them is
+    one compiled program (:func:`_device_knn_program`).
 
     Examples:
         >>> preprocess = uniclr_tf.EvalPreprocess(32, augmenter.mean, augmenter.std)
