@@ -27,8 +27,8 @@
 #            all-reduce), sym (NCCL symmetric buffers), nocombine (no heuristic collective combining), noshard
 #            (every process autotunes), pgle (the latency-hiding scheduler fed by JAX's profile-guided
 #            latency estimates: the step's first 3 runs profiled, then recompiled), split (all-reduces
-#            combined up to 4 MiB rather than 30, so the gradients' can start as the backward pass makes
-#            them; lhs+split to overlap them with it); and NCCL's protocol for every collective: ll
+#            combined up to 4 MiB rather than 30, so those of the gradients can start as the backward pass
+#            makes them; launch+lhs+split overlaps them with it); and NCCL's protocol for every collective: ll
 #            (NCCL_PROTO=LL, its low-latency protocol for small messages), ll128 (NCCL_PROTO=LL128)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
 # RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
