@@ -747,6 +747,17 @@ def kernel_kind(name):
     return "other fusion" if fusion else "other"
 
 
+def device_step_count(clusters):
+    """How many steps a device ran in a trace, from its own kernels: the count most kernel names share (XLA
+    names each fusion of a program apart, and a program runs each once a step), 0 without kernels. The
+    host's enqueues can miss a step whose enqueue began before the trace did."""
+    counts = collections.Counter(e["name"] for kernels in clusters for e in kernels)
+    if not counts:
+        return 0
+    shared = collections.Counter(counts.values())
+    return max(shared, key=lambda n: (shared[n], n))
+
+
 def _per_step_times(clusters, steps, top=25):
     kinds, names = collections.Counter(), collections.Counter()
     for kernels in clusters:
@@ -791,11 +802,11 @@ def summarise_trace(events, gap_ms=2.5, min_kernels=100):
     step per device (``GpuExecutable::ExecuteThunks``) and CUDA-graph launches a device-step."""
     devices, enqueue, host, steps_traced = _devices_and_steps(events, gap_ms, min_kernels)
     out = {"devices": {}, "host": {}, "kinds_ms_per_step": {}, "top_kernels_ms_per_step": {},
-           "steps_traced": steps_traced}
+           "steps_traced": steps_traced, "steps_by_kernels": {}}
     for name, clusters in devices.items():
         out["devices"][name] = [_step_row(s) for s in clusters]
-        out["kinds_ms_per_step"][name], out["top_kernels_ms_per_step"][name] = \
-            _per_step_times(clusters, steps=steps_traced or len(clusters))
+        n = out["steps_by_kernels"][name] = device_step_count(clusters) or steps_traced or len(clusters)
+        out["kinds_ms_per_step"][name], out["top_kernels_ms_per_step"][name] = _per_step_times(clusters, steps=n)
     out["host"]["enqueue_ms_per_step"] = {d: statistics.median(v) for d, v in sorted(enqueue.items())}
     graphs = sum(1 for e in host if e["name"] == "command_buffer::execute")
     out["host"]["graph_launches_per_device_step"] = graphs / max(1, steps_traced * max(1, len(enqueue)))
@@ -805,6 +816,13 @@ def summarise_trace(events, gap_ms=2.5, min_kernels=100):
 
 def _first(per_device):
     return next(iter(per_device.values()), {}) if per_device else {}
+
+
+def _steps_said(summary):
+    """The steps a summary's per-step times are divided by, and the host's count where it differs."""
+    n = _first(summary["steps_by_kernels"]) or 0
+    host = summary["steps_traced"]
+    return f"{n} steps by its kernels" + (f", {host} enqueued by the host" if host and host != n else "")
 
 
 def trace(path, compare=None, gap_ms=2.5, min_kernels=100):
@@ -827,8 +845,8 @@ def trace(path, compare=None, gap_ms=2.5, min_kernels=100):
         ("enqueue_ms", "host enqueue ms", ".2f"), ("collectives", "collectives of a step", "")], rows)]
     ka = _first(summary["kinds_ms_per_step"])
     if compare is None:
-        tables.append(table("Kernel ms a step by kind (first device)", [("kind", "kind", ""), ("a", "ms", ".3f")],
-                            [{"kind": k, "a": v} for k, v in ka.items()]))
+        tables.append(table(f"Kernel ms a step by kind (first device; {_steps_said(summary)})",
+                            [("kind", "kind", ""), ("a", "ms", ".3f")], [{"kind": k, "a": v} for k, v in ka.items()]))
         return tables, summary
     other = summarise_trace(load_trace(compare), gap_ms, min_kernels)
     kb = _first(other["kinds_ms_per_step"])
@@ -837,7 +855,8 @@ def trace(path, compare=None, gap_ms=2.5, min_kernels=100):
     rows.append({"kind": "total", "a": sum(ka.values()), "b": sum(kb.values()), "diff": sum(kb.values()) - sum(ka.values())})
     ta, tb = _first(summary["top_kernels_ms_per_step"]), _first(other["top_kernels_ms_per_step"])
     diffs = sorted(set(ta) | set(tb), key=lambda k: -abs(tb.get(k, 0) - ta.get(k, 0)))[:15]
-    tables += [table(f"Kernel ms a step by kind (first device): A = {path}, B = {compare}", [
+    tables += [table(f"Kernel ms a step by kind (first device): A = {path} ({_steps_said(summary)}), "
+                     f"B = {compare} ({_steps_said(other)})", [
         ("kind", "kind", ""), ("a", "A", ".3f"), ("b", "B", ".3f"), ("diff", "B − A", "+.3f")], rows),
         table("Kernels whose ms a step differ most (absent from one side's top 25: 0 there)", [
             ("kernel", "kernel", ""), ("a", "A", ".3f"), ("b", "B", ".3f"), ("diff", "B − A", "+.3f")],
@@ -916,7 +935,7 @@ def roofline(trace_path, hlo_path, bench_path=None, peak_gbps=0.0, gap_ms=2.5, m
     device = str(bench.get("environment", {}).get("device", "")) if isinstance(bench, dict) else ""
     peak = peak_gbps or next((v for k, v in PEAK_HBM_GBPS.items() if k in device), 0.0)
     step_flops = a.get("flops_per_image", 0) * bench.get("config", {}).get("batch_size", 0) if a else 0
-    n = steps_traced or len(steps)  # back-to-back steps make one cluster: count them by the host's launches
+    n = device_step_count(steps) or steps_traced or len(steps)  # back-to-back steps make one cluster
     kinds = collections.defaultdict(lambda: {"kernels": 0, "ms": 0.0, "bytes": 0, "matched_ms": 0.0})
     per_kernel = collections.defaultdict(lambda: {"ms": 0.0, "bytes": 0, "calls": 0})
     for kernels in steps:

@@ -225,3 +225,27 @@ def test_scaling_report_times_a_runs_dir_from_the_epoch_asked(tmp_path):
     assert rows["base+sync"]["weak"] == pytest.approx(11.0 / 12.0)  # no g1+sync: over g1
     rows = {r["variant"]: r for r in report.main(["scaling", str(runs), "--first_epoch=2"])[0]["rows"]}
     assert rows["g1"]["ms"]["mean"] == 10.0 and rows["base"]["ms"]["mean"] == 12.5  # medians of epochs 2-4
+
+
+def test_trace_counts_steps_by_the_device_kernels_when_the_host_missed_an_enqueue(tmp_path, capsys):
+    """Three steps back to back, the first enqueued before the trace began (the host shows 2): each
+    step's kernels are divided by 3, the device's count, and the report says both counts. A kernel that
+    several layers share (the conv, 3 times a step) does not change the count."""
+    from benchmarks import report
+    k = lambda ts, dur, name, pid=1: {"ph": "X", "pid": pid, "tid": 1, "ts": ts, "dur": dur, "name": name}
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "/host:CPU"}}]
+    for step, start in enumerate((0, 1000, 2000)):
+        events += [k(start + 100 * i, 100, "sm90_xmma_fprop") for i in range(3)]
+        events += [k(start + 300 + 100 * i, 100, f"loop_add_fusion_{i}") for i in range(4)]
+        if step:
+            events.append(k(start - 500, 400, "[0] GpuExecutable::ExecuteThunks", pid=9))
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    summary = report.summarise_trace(report.load_trace(str(path)), min_kernels=3)
+    assert summary["steps_traced"] == 2 and summary["steps_by_kernels"] == {"/device:GPU:0": 3}
+    assert summary["kinds_ms_per_step"]["/device:GPU:0"] == {"other fusion": 0.4, "conv/matmul": 0.3}
+    report.main(["trace", str(path), "--min_kernels=3"])
+    assert "(first device; 3 steps by its kernels, 2 enqueued by the host)" in capsys.readouterr().out
+    assert report.device_step_count([]) == 0
