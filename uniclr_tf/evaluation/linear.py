@@ -285,15 +285,14 @@ def linear_evaluation(encoder, train, test, num_classes: Optional[int] = None, m
         ...                                      mean=augmenter.mean, std=augmenter.std, epochs=100)
         >>> result["top1"]
     """
-    from uniclr_tf.augment.functional import _resolve_stats
+    from uniclr_tf.augment.functional import _default_stats
 
     info = arrays_info(train, test, num_classes)
     # None as the augmenter reads it (linear_eval's own None, the dataset's statistics, suits the CLI, whose
     # runs are pretrained with them)
-    defaults = [tuple(round(float(v), 7) for v in stats)
-                for stats in _resolve_stats(None, None, info.image_shape[-1])]
-    return linear_eval(encoder, info, mean=defaults[0] if mean is None else mean,
-                       std=defaults[1] if std is None else std, **kwargs)
+    default_mean, default_std = _default_stats(info.image_shape[-1])
+    return linear_eval(encoder, info, mean=default_mean if mean is None else mean,
+                       std=default_std if std is None else std, **kwargs)
 
 
 def arrays_info(train, test, num_classes=None):

@@ -51,8 +51,6 @@ SAME_COLOUR, OTHER_COLOUR, UNKNOWN_COLOUR = "#2ca02c", "#d62728", "#9a9a9a"
 _TEXT_COLOUR = {SAME_COLOUR: "#1b7a1b", OTHER_COLOUR: "#b01515", UNKNOWN_COLOUR: "#555555"}
 
 _DPI = 110
-# Defaults of Normalize / ViewAugmenter when mean/std are None (uniclr_tf.augment.functional).
-_IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 NeighboursResult = collections.namedtuple("NeighboursResult", ["path", "same_class_fraction"])
 NeighboursResult.__doc__ = """What :func:`neighbours_grid` returns: the PNG's path and the
@@ -147,12 +145,13 @@ def _warn(what, error):
 def _unnormalise(view, augmenter):
     """A normalised view ``[B, h, w, C]`` → [0, 1] for display with the augmenter's mean/std
     (None means the defaults of ``Normalize``: ImageNet for RGB, 0.5 / 0.5 for one channel)."""
+    from uniclr_tf.augment.functional import _default_stats
+
     channels = view.shape[-1]
     mean, std = getattr(augmenter, "mean", None), getattr(augmenter, "std", None)
-    if mean is None:
-        mean = _IMAGENET_MEAN if channels == 3 else (0.5,)
-    if std is None:
-        std = _IMAGENET_STD if channels == 3 else (0.5,)
+    default_mean, default_std = _default_stats(channels)
+    mean = default_mean if mean is None else mean
+    std = default_std if std is None else std
     mean = np.resize(np.asarray(mean, np.float32), channels)
     std = np.resize(np.asarray(std, np.float32), channels)
     return np.clip(view.astype(np.float32) * std + mean, 0.0, 1.0)
