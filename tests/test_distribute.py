@@ -306,6 +306,39 @@ def test_launch_builds_one_command_per_gpu_and_refuses_the_flags_it_sets():
     assert refused.value.code == 2
 
 
+def test_launch_coordinator_port_is_free_on_every_interface_and_outside_the_ephemeral_range(tmp_path):
+    import random
+    import socket
+    import unittest.mock
+
+    from uniclr_tf.training import launch
+
+    low, high = launch.ephemeral_ports()
+    for _ in range(20):
+        port = launch.free_port()
+        assert not low <= port <= high and launch.port_is_free(port)
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("20000\t60999\n")
+    assert launch.ephemeral_ports(str(ranges)) == (20000, 60999)
+    assert launch.ephemeral_ports(str(tmp_path / "missing")) == (49152, 65535)
+    # A port somebody listens on (on any interface) is not free, and free_port passes it over.
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        assert not launch.port_is_free(taken)
+
+        class Rigged(random.Random):  # offers the taken port first, then one it is told is free
+            offers = [taken, 12345]
+
+            def randint(self, a, b):
+                return self.offers.pop(0) if self.offers else super().randint(a, b)
+
+        with unittest.mock.patch.object(launch, "ephemeral_ports", return_value=(taken + 1, 65535)), \
+                unittest.mock.patch.object(launch, "port_is_free", side_effect=lambda p: p != taken):
+            assert launch.free_port(rng=Rigged(0)) == 12345
+
+
 def test_launch_cpu_binding_gives_each_process_a_disjoint_share_of_its_gpus_cpus():
     from uniclr_tf.training import launch
 

@@ -29,7 +29,9 @@ A repeated SIGTERM changes nothing: ``timeout`` and schedulers deliver one signa
 
 import argparse
 import ctypes
+import errno
 import os
+import random
 import shutil
 import signal
 import socket
@@ -59,8 +61,46 @@ def visible_gpus():
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
-def free_port():
-    with socket.socket() as s:
+def ephemeral_ports(path="/proc/sys/net/ipv4/ip_local_port_range"):
+    """``(low, high)``: the ports the kernel gives connections of their own (Linux's ``ip_local_port_range``;
+    elsewhere IANA's 49152-65535)."""
+    try:
+        with open(path) as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def port_is_free(port):
+    """Whether a server could listen on ``port`` on every interface, IPv4 and (where there is one) IPv6, as
+    JAX's coordinator does (``[::]:PORT``)."""
+    families = [(socket.AF_INET, "0.0.0.0")] + ([(socket.AF_INET6, "::")] if socket.has_ipv6 else [])
+    for family, host in families:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((host, port))
+        except OSError as e:
+            if family == socket.AF_INET6 and e.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                continue  # no IPv6 on this machine
+            return False
+    return True
+
+
+def free_port(tries=200, rng=None):
+    """A port for the job's coordinator: free on every interface now, and outside the kernel's ephemeral
+    range, so that no connection opened in the seconds before the coordinator starts listening (those of
+    a job that just ended, in TIME_WAIT, say) can take it: a port the kernel picked from that range was seen
+    taken by then ("Failed to start RPC server ... Address already in use")."""
+    rng = rng or random.SystemRandom()
+    low, high = ephemeral_ports()
+    ranges = [(r0, r1) for r0, r1 in ((10000, low - 1), (high + 1, 65535)) if r1 - r0 >= 1000]
+    for _ in range(tries if ranges else 0):
+        r0, r1 = rng.choice(ranges)
+        port = rng.randint(r0, r1)
+        if port_is_free(port):
+            return port
+    with socket.socket() as s:  # no range outside the ephemeral one: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
