@@ -28,8 +28,11 @@
 #            (every process autotunes), pgle (the latency-hiding scheduler fed by JAX's profile-guided
 #            latency estimates: the step's first 3 runs profiled, then recompiled), split (all-reduces
 #            combined up to 4 MiB rather than 30, so those of the gradients can start as the backward pass
-#            makes them; launch+lhs+split overlaps them with it); and NCCL's protocol for every collective: ll
-#            (NCCL_PROTO=LL, its low-latency protocol for small messages), ll128 (NCCL_PROTO=LL128)
+#            makes them; launch+lhs+split overlaps them with it), ck (XLA's own Triton all-reduce kernels,
+#            one- or two-shot, where it can use them), atdump (the run's autotuning results written to
+#            RUNS_DIR/autotune.textproto), atload (read from there: the convolution algorithms g1+atdump
+#            chose); and NCCL's protocol for every collective: ll (NCCL_PROTO=LL, its low-latency protocol
+#            for small messages), ll128 (NCCL_PROTO=LL128)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
 # RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
 # (RUNS_DIR/VARIANT-trace: python -m benchmarks.report trace RUNS_DIR/VARIANT-trace [--compare=...]).
@@ -103,6 +106,9 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
       nocombine) xla="$xla --xla_gpu_experimental_enable_heuristic_collective_combining=false" ;;
       noshard) xla="$xla --xla_gpu_shard_autotuning=false" ;;
       split) xla="$xla --xla_gpu_all_reduce_combine_threshold_bytes=4194304" ;;
+      ck) xla="$xla --xla_gpu_experimental_use_collective_kernels=ALL_REDUCE" ;;
+      atdump) xla="$xla --xla_gpu_dump_autotune_results_to=$RUNS_DIR/autotune.textproto" ;;
+      atload) xla="$xla --xla_gpu_load_autotune_results_from=$RUNS_DIR/autotune.textproto" ;;
       ll) runenv="$runenv NCCL_PROTO=LL" ;; ll128) runenv="$runenv NCCL_PROTO=LL128" ;;
       pgle) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true"
             runenv="$runenv JAX_ENABLE_PGLE=true JAX_PGLE_PROFILING_RUNS=3" ;;
