@@ -28,7 +28,8 @@
 #            (every process autotunes), pgle (the latency-hiding scheduler fed by JAX's profile-guided
 #            latency estimates: the step's first 3 runs profiled, then recompiled), split (all-reduces
 #            combined up to 4 MiB rather than 30, so those of the gradients can start as the backward pass
-#            makes them; launch+lhs+split overlaps them with it), ck (XLA's own Triton all-reduce kernels,
+#            makes them; launch+lhs+split overlaps them with it), ovl (the scheduler may keep 4 collectives in
+#            flight at once, not 1), early (each collective starts as soon as its operands exist), ck (XLA's own Triton all-reduce kernels,
 #            one- or two-shot, where it can use them), atdump (the run's autotuning results written to
 #            RUNS_DIR/autotune.textproto), atload (read from there: the convolution algorithms g1+atdump
 #            chose); and NCCL's protocol for every collective: ll (NCCL_PROTO=LL, its low-latency protocol
@@ -106,6 +107,8 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
       nocombine) xla="$xla --xla_gpu_experimental_enable_heuristic_collective_combining=false" ;;
       noshard) xla="$xla --xla_gpu_shard_autotuning=false" ;;
       split) xla="$xla --xla_gpu_all_reduce_combine_threshold_bytes=4194304" ;;
+      ovl) xla="$xla --xla_gpu_experimental_parallel_collective_overlap_limit=4" ;;
+      early) xla="$xla --xla_gpu_experimental_collective_start_as_early_as_possible=true" ;;
       ck) xla="$xla --xla_gpu_experimental_use_collective_kernels=ALL_REDUCE" ;;
       atdump) xla="$xla --xla_gpu_dump_autotune_results_to=$RUNS_DIR/autotune.textproto" ;;
       atload) xla="$xla --xla_gpu_load_autotune_results_from=$RUNS_DIR/autotune.textproto" ;;
