@@ -802,11 +802,12 @@ def summarise_trace(events, gap_ms=2.5, min_kernels=100):
     step per device (``GpuExecutable::ExecuteThunks``) and CUDA-graph launches a device-step."""
     devices, enqueue, host, steps_traced = _devices_and_steps(events, gap_ms, min_kernels)
     out = {"devices": {}, "host": {}, "kinds_ms_per_step": {}, "top_kernels_ms_per_step": {},
-           "steps_traced": steps_traced, "steps_by_kernels": {}}
+           "busy_ms_per_step": {}, "steps_traced": steps_traced, "steps_by_kernels": {}}
     for name, clusters in devices.items():
         out["devices"][name] = [_step_row(s) for s in clusters]
         n = out["steps_by_kernels"][name] = device_step_count(clusters) or steps_traced or len(clusters)
         out["kinds_ms_per_step"][name], out["top_kernels_ms_per_step"][name] = _per_step_times(clusters, steps=n)
+        out["busy_ms_per_step"][name] = round(sum(busy(c) for c in clusters) / 1e3 / max(1, n), 4)
     out["host"]["enqueue_ms_per_step"] = {d: statistics.median(v) for d, v in sorted(enqueue.items())}
     graphs = sum(1 for e in host if e["name"] == "command_buffer::execute")
     out["host"]["graph_launches_per_device_step"] = graphs / max(1, steps_traced * max(1, len(enqueue)))
@@ -823,6 +824,11 @@ def _steps_said(summary):
     n = _first(summary["steps_by_kernels"]) or 0
     host = summary["steps_traced"]
     return f"{n} steps by its kernels" + (f", {host} enqueued by the host" if host and host != n else "")
+
+
+#: the kind table's last row: the time a step has at least one kernel running (kernels on several streams
+#: overlap, so it can be less than their summed time)
+BUSY = "time with a kernel running"
 
 
 def trace(path, compare=None, gap_ms=2.5, min_kernels=100):
@@ -845,14 +851,18 @@ def trace(path, compare=None, gap_ms=2.5, min_kernels=100):
         ("enqueue_ms", "host enqueue ms", ".2f"), ("collectives", "collectives of a step", "")], rows)]
     ka = _first(summary["kinds_ms_per_step"])
     if compare is None:
+        rows = [{"kind": k, "a": v} for k, v in ka.items()] + [
+            {"kind": BUSY, "a": _first(summary["busy_ms_per_step"]) or 0}]
         tables.append(table(f"Kernel ms a step by kind (first device; {_steps_said(summary)})",
-                            [("kind", "kind", ""), ("a", "ms", ".3f")], [{"kind": k, "a": v} for k, v in ka.items()]))
+                            [("kind", "kind", ""), ("a", "ms", ".3f")], rows))
         return tables, summary
     other = summarise_trace(load_trace(compare), gap_ms, min_kernels)
     kb = _first(other["kinds_ms_per_step"])
     kinds = sorted(set(ka) | set(kb), key=lambda k: -max(ka.get(k, 0), kb.get(k, 0)))
     rows = [{"kind": k, "a": ka.get(k, 0), "b": kb.get(k, 0), "diff": kb.get(k, 0) - ka.get(k, 0)} for k in kinds]
     rows.append({"kind": "total", "a": sum(ka.values()), "b": sum(kb.values()), "diff": sum(kb.values()) - sum(ka.values())})
+    ba, bb = _first(summary["busy_ms_per_step"]) or 0, _first(other["busy_ms_per_step"]) or 0
+    rows.append({"kind": BUSY, "a": ba, "b": bb, "diff": bb - ba})
     ta, tb = _first(summary["top_kernels_ms_per_step"]), _first(other["top_kernels_ms_per_step"])
     diffs = sorted(set(ta) | set(tb), key=lambda k: -abs(tb.get(k, 0) - ta.get(k, 0)))[:15]
     tables += [table(f"Kernel ms a step by kind (first device): A = {path} ({_steps_said(summary)}), "

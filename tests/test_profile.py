@@ -94,6 +94,10 @@ def test_trace_summary_times_kernel_kinds_and_compares_two_traces(tmp_path, caps
     report.main(["trace", str(a), f"--compare={b}", "--min_kernels=1"])
     out = capsys.readouterr().out
     assert "| conv/matmul | 2.000 | 3.000 | +1.000 |" in out
+    # The longer conv runs beside the fusion and the all-reduce: the summed time grows, the busy time not.
+    assert "| total | 6.000 | 7.000 | +1.000 |" in out
+    assert "| time with a kernel running | 5.000 | 5.000 | +0.000 |" in out
+    assert sa["busy_ms_per_step"]["/device:GPU:0"] == 5.0
     assert out.split("differ most")[1].split("|---|---|---|---|")[1].splitlines()[1].startswith("| conv |")
 
 
