@@ -29,11 +29,11 @@
 #            latency estimates: the step's first 3 runs profiled, then recompiled), split (all-reduces
 #            combined up to 4 MiB rather than 30, so those of the gradients can start as the backward pass
 #            makes them; launch+lhs+split overlaps them with it), ovl (the scheduler may keep 4 collectives in
-#            flight at once, not 1), early (each collective starts as soon as its operands exist), ck (XLA's own Triton all-reduce kernels,
-#            one- or two-shot, where it can use them), atdump (the run's autotuning results written to
-#            RUNS_DIR/autotune.textproto), atload (read from there: the convolution algorithms g1+atdump
-#            chose); and NCCL's protocol for every collective: ll (NCCL_PROTO=LL, its low-latency protocol
-#            for small messages), ll128 (NCCL_PROTO=LL128)
+#            flight at once, not 1), early (each collective starts as soon as its operands exist), ck (XLA's
+#            own Triton all-reduce kernels, one- or two-shot, where it can use them), atdump (the run's
+#            autotuning results written to RUNS_DIR/autotune.textproto), atload (read from there: the
+#            convolution algorithms g1+atdump chose); and NCCL's protocol for every collective: ll
+#            (NCCL_PROTO=LL, its low-latency protocol for small messages), ll128 (NCCL_PROTO=LL128)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
 # RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
 # (RUNS_DIR/VARIANT-trace: python -m benchmarks.report trace RUNS_DIR/VARIANT-trace [--compare=...]).

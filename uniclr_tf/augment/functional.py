@@ -110,18 +110,16 @@ def _check_images(shape, layer, channels=(1, 3)):
     return int(h), int(w), int(c)
 
 
-def _default_stats(channels):
-    """What a mean / std of None stands for, per channel: ImageNet's for RGB images, 0.5 / 0.5 otherwise."""
-    if channels == 3:
-        return IMAGENET_MEAN, IMAGENET_STD
-    return (0.5,) * channels, (0.5,) * channels
+def _default_stats(channels, mean=None, std=None):
+    """``(mean, std)`` with a None replaced by what it stands for, per channel: ImageNet's statistics for RGB
+    images, 0.5 / 0.5 otherwise."""
+    default_mean, default_std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,) * channels,) * 2
+    return default_mean if mean is None else mean, default_std if std is None else std
 
 
 def _resolve_stats(mean, std, channels):
     """Per-channel mean/std tuples (defaults: :func:`_default_stats`)."""
-    default_mean, default_std = _default_stats(channels)
-    mean = default_mean if mean is None else mean
-    std = default_std if std is None else std
+    mean, std = _default_stats(channels, mean, std)
     mean = np.atleast_1d(np.asarray(mean, dtype="float64"))
     std = np.atleast_1d(np.asarray(std, dtype="float64"))
     if mean.shape[0] == 1:

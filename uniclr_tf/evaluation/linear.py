@@ -290,9 +290,8 @@ def linear_evaluation(encoder, train, test, num_classes: Optional[int] = None, m
     info = arrays_info(train, test, num_classes)
     # None as the augmenter reads it (linear_eval's own None, the dataset's statistics, suits the CLI, whose
     # runs are pretrained with them)
-    default_mean, default_std = _default_stats(info.image_shape[-1])
-    return linear_eval(encoder, info, mean=default_mean if mean is None else mean,
-                       std=default_std if std is None else std, **kwargs)
+    mean, std = _default_stats(info.image_shape[-1], mean, std)
+    return linear_eval(encoder, info, mean=mean, std=std, **kwargs)
 
 
 def arrays_info(train, test, num_classes=None):

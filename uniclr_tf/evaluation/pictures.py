@@ -148,10 +148,7 @@ def _unnormalise(view, augmenter):
     from uniclr_tf.augment.functional import _default_stats
 
     channels = view.shape[-1]
-    mean, std = getattr(augmenter, "mean", None), getattr(augmenter, "std", None)
-    default_mean, default_std = _default_stats(channels)
-    mean = default_mean if mean is None else mean
-    std = default_std if std is None else std
+    mean, std = _default_stats(channels, getattr(augmenter, "mean", None), getattr(augmenter, "std", None))
     mean = np.resize(np.asarray(mean, np.float32), channels)
     std = np.resize(np.asarray(std, np.float32), channels)
     return np.clip(view.astype(np.float32) * std + mean, 0.0, 1.0)

@@ -100,7 +100,7 @@ def free_port(tries=200, rng=None):
         port = rng.randint(r0, r1)
         if port_is_free(port):
             return port
-    with socket.socket() as s:  # no range outside the ephemeral one: the kernel's choice
+    with socket.socket() as s:  # no range outside the ephemeral one, or none free there: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
