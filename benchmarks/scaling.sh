@@ -32,8 +32,12 @@
 #            flight at once, not 1), early (each collective starts as soon as its operands exist), ck (XLA's
 #            own Triton all-reduce kernels, one- or two-shot, where it can use them), atdump (the run's
 #            autotuning results written to RUNS_DIR/autotune.textproto), atload (read from there: the
-#            convolution algorithms g1+atdump chose); and NCCL's protocol for every collective: ll
-#            (NCCL_PROTO=LL, its low-latency protocol for small messages), ll128 (NCCL_PROTO=LL128)
+#            convolution algorithms g1+atdump chose), sol (the latency-hiding scheduler with XLA's analytical
+#            speed-of-light cost model), dump (the step's HLO after XLA's passes, RUNS_DIR/hlo-VARIANT; a run
+#            that compiles, not one served from the cache), p2p (XLA's copies between the GPUs of one process
+#            rather than NCCL's send/receive); and for every collective NCCL's protocol, ll (NCCL_PROTO=LL,
+#            its low-latency protocol for small messages) or ll128 (NCCL_PROTO=LL128), and nomix
+#            (NCCL_GRAPH_MIXING_SUPPORT=0: no support for NCCL calls in and out of CUDA graphs at once)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
 # RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
 # (RUNS_DIR/VARIANT-trace: python -m benchmarks.report trace RUNS_DIR/VARIANT-trace [--compare=...]).
@@ -112,6 +116,10 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
       ck) xla="$xla --xla_gpu_experimental_use_collective_kernels=ALL_REDUCE" ;;
       atdump) xla="$xla --xla_gpu_dump_autotune_results_to=$RUNS_DIR/autotune.textproto" ;;
       atload) xla="$xla --xla_gpu_load_autotune_results_from=$RUNS_DIR/autotune.textproto" ;;
+      sol) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_analytical_sol_latency_estimator=true" ;;
+      p2p) xla="$xla --xla_gpu_use_memcpy_local_p2p=true" ;;
+      dump) xla="$xla --xla_dump_to=$RUNS_DIR/hlo-${v//+/-} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train.*" ;;
+      nomix) runenv="$runenv NCCL_GRAPH_MIXING_SUPPORT=0" ;;
       ll) runenv="$runenv NCCL_PROTO=LL" ;; ll128) runenv="$runenv NCCL_PROTO=LL128" ;;
       pgle) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true"
             runenv="$runenv JAX_ENABLE_PGLE=true JAX_PGLE_PROFILING_RUNS=3" ;;
