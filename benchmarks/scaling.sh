@@ -33,11 +33,12 @@
 #            own Triton all-reduce kernels, one- or two-shot, where it can use them), atdump (the run's
 #            autotuning results written to RUNS_DIR/autotune.textproto), atload (read from there: the
 #            convolution algorithms g1+atdump chose), sol (the latency-hiding scheduler with XLA's analytical
-#            speed-of-light cost model), dump (the step's HLO after XLA's passes, RUNS_DIR/hlo-VARIANT; a run
-#            that compiles, not one served from the cache), p2p (XLA's copies between the GPUs of one process
-#            rather than NCCL's send/receive); and for every collective NCCL's protocol, ll (NCCL_PROTO=LL,
-#            its low-latency protocol for small messages) or ll128 (NCCL_PROTO=LL128), and nomix
-#            (NCCL_GRAPH_MIXING_SUPPORT=0: no support for NCCL calls in and out of CUDA graphs at once)
+#            speed-of-light cost model), dump (the step's HLO after XLA's passes, in RUNS_DIR/hlo-VARIANT with
+#            VARIANT's + as -; from a run that compiles, not one served from the cache), p2p (XLA's copies
+#            between the GPUs of one process rather than NCCL's send/receive); and for every collective NCCL's
+#            protocol, ll (NCCL_PROTO=LL, its low-latency protocol for small messages) or ll128
+#            (NCCL_PROTO=LL128), and nomix (NCCL_GRAPH_MIXING_SUPPORT=0: no support for NCCL calls in and out
+#            of CUDA graphs at once)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
 # RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
 # (RUNS_DIR/VARIANT-trace: python -m benchmarks.report trace RUNS_DIR/VARIANT-trace [--compare=...]).
