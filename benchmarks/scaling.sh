@@ -35,10 +35,12 @@
 #            convolution algorithms g1+atdump chose), sol (the latency-hiding scheduler with XLA's analytical
 #            speed-of-light cost model), dump (the step's HLO after XLA's passes, in RUNS_DIR/hlo-VARIANT with
 #            VARIANT's + as -; from a run that compiles, not one served from the cache), p2p (XLA's copies
-#            between the GPUs of one process rather than NCCL's send/receive); and for every collective NCCL's
-#            protocol, ll (NCCL_PROTO=LL, its low-latency protocol for small messages) or ll128
-#            (NCCL_PROTO=LL128), and nomix (NCCL_GRAPH_MIXING_SUPPORT=0: no support for NCCL calls in and out
-#            of CUDA graphs at once)
+#            between the GPUs of one process rather than NCCL's send/receive), nograph (no CUDA graphs: every
+#            kernel launched on its own), nbc (NCCL's non-blocking communicators, with XLA's asynchronous NCCL
+#            execution that they need); and for every collective NCCL's protocol, ll (NCCL_PROTO=LL, its
+#            low-latency protocol for small messages) or ll128 (NCCL_PROTO=LL128), nomix
+#            (NCCL_GRAPH_MIXING_SUPPORT=0: no support for NCCL calls in and out of CUDA graphs at once), and
+#            grp (NCCL_LAUNCH_MODE=GROUP: one process's GPUs launch each collective together)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
 # RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
 # (RUNS_DIR/VARIANT-trace: python -m benchmarks.report trace RUNS_DIR/VARIANT-trace [--compare=...]).
@@ -120,6 +122,9 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
       sol) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_analytical_sol_latency_estimator=true" ;;
       p2p) xla="$xla --xla_gpu_use_memcpy_local_p2p=true" ;;
       dump) xla="$xla --xla_dump_to=$RUNS_DIR/hlo-${v//+/-} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train.*" ;;
+      nograph) xla="$xla --xla_gpu_enable_command_buffer=" ;;
+      grp) runenv="$runenv NCCL_LAUNCH_MODE=GROUP" ;;
+      nbc) xla="$xla --xla_gpu_nccl_async_execution=true --xla_gpu_nccl_blocking_communicators=false" ;;
       nomix) runenv="$runenv NCCL_GRAPH_MIXING_SUPPORT=0" ;;
       ll) runenv="$runenv NCCL_PROTO=LL" ;; ll128) runenv="$runenv NCCL_PROTO=LL128" ;;
       pgle) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true"
