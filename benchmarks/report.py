@@ -747,13 +747,14 @@ def kernel_kind(name):
     return "other fusion" if fusion else "other"
 
 
-def device_step_count(clusters):
+def device_step_count(clusters, host_steps=0):
     """How many steps a device ran in a trace, from its own kernels: the count most kernel names share (XLA
-    names each fusion of a program apart, and a program runs each once a step), 0 without kernels. The
-    host's enqueues can miss a step whose enqueue began before the trace did."""
+    names each fusion of a program apart, and a program runs each once a step). Without kernels, the host's
+    count ``host_steps``, else the number of clusters (0 for none). The host's enqueues can miss a step
+    whose enqueue began before the trace did."""
     counts = collections.Counter(e["name"] for kernels in clusters for e in kernels)
     if not counts:
-        return 0
+        return host_steps or len(clusters)
     shared = collections.Counter(counts.values())
     return max(shared, key=lambda n: (shared[n], n))
 
@@ -805,7 +806,7 @@ def summarise_trace(events, gap_ms=2.5, min_kernels=100):
            "busy_ms_per_step": {}, "steps_traced": steps_traced, "steps_by_kernels": {}}
     for name, clusters in devices.items():
         out["devices"][name] = [_step_row(s) for s in clusters]
-        n = out["steps_by_kernels"][name] = device_step_count(clusters) or steps_traced or len(clusters)
+        n = out["steps_by_kernels"][name] = device_step_count(clusters, steps_traced)
         out["kinds_ms_per_step"][name], out["top_kernels_ms_per_step"][name] = _per_step_times(clusters, steps=n)
         out["busy_ms_per_step"][name] = round(sum(busy(c) for c in clusters) / 1e3 / max(1, n), 4)
     out["host"]["enqueue_ms_per_step"] = {d: statistics.median(v) for d, v in sorted(enqueue.items())}
@@ -945,7 +946,7 @@ def roofline(trace_path, hlo_path, bench_path=None, peak_gbps=0.0, gap_ms=2.5, m
     device = str(bench.get("environment", {}).get("device", "")) if isinstance(bench, dict) else ""
     peak = peak_gbps or next((v for k, v in PEAK_HBM_GBPS.items() if k in device), 0.0)
     step_flops = a.get("flops_per_image", 0) * bench.get("config", {}).get("batch_size", 0) if a else 0
-    n = device_step_count(steps) or steps_traced or len(steps)  # back-to-back steps make one cluster
+    n = device_step_count(steps, steps_traced)  # back-to-back steps make one cluster
     kinds = collections.defaultdict(lambda: {"kernels": 0, "ms": 0.0, "bytes": 0, "matched_ms": 0.0})
     per_kernel = collections.defaultdict(lambda: {"ms": 0.0, "bytes": 0, "calls": 0})
     for kernels in steps:
