@@ -638,6 +638,8 @@ def environment(backend):
            "cpu_count": os.cpu_count(), "machine": platform.machine(), "date": _now(),
            "loadavg_1m_at_start": os.getloadavg()[0],
            "command": "python -m benchmarks.bench " + " ".join(sys.argv[1:])}
+    if os.environ.get("XLA_FLAGS"):
+        env["xla_flags"] = os.environ["XLA_FLAGS"]
     if backend == "jax":
         import jax
 

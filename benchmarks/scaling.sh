@@ -37,10 +37,11 @@
 #            VARIANT's + as -; from a run that compiles, not one served from the cache), p2p (XLA's copies
 #            between the GPUs of one process rather than NCCL's send/receive), nograph (no CUDA graphs: every
 #            kernel launched on its own), nbc (NCCL's non-blocking communicators, with XLA's asynchronous NCCL
-#            execution that they need); and for every collective NCCL's protocol, ll (NCCL_PROTO=LL, its
-#            low-latency protocol for small messages) or ll128 (NCCL_PROTO=LL128), nomix
-#            (NCCL_GRAPH_MIXING_SUPPORT=0: no support for NCCL calls in and out of CUDA graphs at once), and
-#            grp (NCCL_LAUNCH_MODE=GROUP: one process's GPUs launch each collective together)
+#            execution that they need), ub (NCCL's user buffers: collectives on XLA's buffers, no copies), ms
+#            (collectives on several streams), nch1 (each collective on one NCCL channel); and for every collective
+#            NCCL's protocol, ll (NCCL_PROTO=LL, its low-latency protocol for small messages) or ll128
+#            (NCCL_PROTO=LL128), nomix (NCCL_GRAPH_MIXING_SUPPORT=0: no support for NCCL calls in and out of CUDA
+#            graphs at once), and grp (NCCL_LAUNCH_MODE=GROUP: one process's GPUs launch each collective together)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
 # RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
 # (RUNS_DIR/VARIANT-trace: python -m benchmarks.report trace RUNS_DIR/VARIANT-trace [--compare=...]).
@@ -126,6 +127,9 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
       grp) runenv="$runenv NCCL_LAUNCH_MODE=GROUP" ;;
       nbc) xla="$xla --xla_gpu_nccl_async_execution=true --xla_gpu_nccl_blocking_communicators=false" ;;
       nomix) runenv="$runenv NCCL_GRAPH_MIXING_SUPPORT=0" ;;
+      nch1) xla="$xla --xla_gpu_nccl_collective_max_nchannels=1" ;;
+      ub) xla="$xla --xla_gpu_enable_nccl_user_buffers=true" ;;
+      ms) xla="$xla --xla_gpu_experimental_enable_collective_multi_streaming=true" ;;
       ll) runenv="$runenv NCCL_PROTO=LL" ;; ll128) runenv="$runenv NCCL_PROTO=LL128" ;;
       pgle) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true"
             runenv="$runenv JAX_ENABLE_PGLE=true JAX_PGLE_PROFILING_RUNS=3" ;;

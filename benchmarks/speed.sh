@@ -14,6 +14,9 @@
 #   wd2048   section a with a 2048-2048-2048 projector: full whitening, stop_gradient_cov, 8 feature groups
 #   trace28  section a with the CLI's SGD recipe (SimAffinity) at 28x28x1, 5 steps traced, against its memory
 #            floor (report roofline: OUT_DIR/traces)
+#   xla28    section a of trace28's step under each of XLA's fusion options in XLA28 (NAME=VALUE for
+#            --xla_gpu_NAME=VALUE, A+B for both; default XLA28_DEFAULT below), the plain step first and last
+#            (OUT_DIR/xla28)
 #   cli      benchmarks.cli_vs_bench: the bench's model step, then the train CLI for 100 epochs (FLAGFILE,
 #            default the paper's LARS recipe, kNN every 10) with an empty compilation cache, then again warm
 #   r50      ResNet-50 at 224 px, the bench's model step against torchvision's (benchmarks/torch_r50_peer.py),
@@ -51,6 +54,11 @@ gpus() { nvidia-smi -L 2>/dev/null | grep -c '^GPU '; }
 BENCH=("$PY" -m benchmarks.bench --data=fashion_mnist --encoder=resnet18 --projector_dims=2048,2048,256 --batch_size=512
        --precision=bfloat16 ${BENCH_EXTRA:-})
 PEER=("$PY" benchmarks/torch_peer.py --data=fashion_mnist --batch_size=512 ${PEER_EXTRA:-})
+XLA28_DEFAULT="experimental_enable_conv_fusion=true experimental_all_fusions_with_triton=true
+  experimental_enable_triton_heroless_priority_fusion=true experimental_max_unroll_factor=8
+  native_emitter_tune_unroll_factor_for_loops=true experimental_enable_fusion_block_level_rewriter=true
+  experimental_enable_fusion_block_level_rewriter=true+experimental_enable_fusion_autotuner=true
+  use_runtime_fusion=true"  # xla28's options: NAME=VALUE is XLA's --xla_gpu_NAME=VALUE; A+B both
 SGD="--optimizer=sgd --base_learning_rate=0.06 --weight_decay=5e-4 --warmup_epochs=10"  # the GPU peer's recipe
 PAPER=configs/paper/fashion_mnist_simaffinity.flags
 
@@ -189,6 +197,15 @@ for phase in "$@"; do
         --profile_dir="$OUT_DIR/traces/r18-28px" --hlo_out="$OUT_DIR/traces/r18-28px.hlo" --out="$OUT_DIR/traces/r18-28px.json"
       "$PY" -m benchmarks.report roofline "$OUT_DIR/traces/r18-28px" "$OUT_DIR/traces/r18-28px.hlo" \
         --bench="$OUT_DIR/traces/r18-28px.json" --out="$OUT_DIR/traces/roofline-r18-28px.json" | tee -a "$LOG" ;;
+    xla28)  # section a of the SGD recipe at 28 px under each of XLA's fusion options, the plain step first and last
+      tuned="--xla_gpu_per_fusion_autotune_cache_dir=$OUT_DIR/xla28/autotune"  # the convolutions tuned once
+      mkdir -p "$OUT_DIR/xla28/autotune"
+      for v in plain ${XLA28:-$XLA28_DEFAULT} plain-again; do
+        flags=""; case $v in plain*) ;; *) for f in ${v//+/ }; do flags="$flags --xla_gpu_$f"; done ;; esac
+        XLA_FLAGS="$tuned$flags" KERAS_BACKEND=jax run 150 "${BENCH[@]}" --image_shape=28,28,1 --sections=a \
+          --objective=simaffinity --optimizer=sgd --out="$OUT_DIR/xla28/$(sed 's/=[^+]*//g' <<< "$v").json"
+      done
+      "$PY" -m benchmarks.report speed "$OUT_DIR"/xla28/*.json | tee -a "$LOG" ;;
     cli) KERAS_BACKEND=jax run 900 "$PY" -m benchmarks.cli_vs_bench --flagfile="${FLAGFILE:-$PAPER}" --epochs=100 \
            --knn_every=10 --warm_rerun --work="$OUT_DIR/cli" --label="${FLAGFILE:-$PAPER}" --out="$OUT_DIR/cli.json" -- --nopictures ;;
     r50) KERAS_BACKEND=jax r50 ;;

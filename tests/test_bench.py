@@ -151,6 +151,31 @@ def test_jax_bench_reports_the_steps_flops_and_mfu(jax_bench_runs):
     assert len(fusions) > 20 and sum(fusions.values()) > 2 * 32 * 16 * 16 * 3 * 4
 
 
+def test_the_speed_report_tells_runs_apart_by_their_xla_compile_options(tmp_path):
+    """A bench run records ``XLA_FLAGS``; the speed report gives runs compiled with other XLA options rows
+    of their own, and leaves out the flags that only say where XLA keeps its files."""
+    from benchmarks import report
+
+    def run(name, flags, ms):
+        env = {"backend": "jax", "device": "GPU X", "date": "2026-01-01T00:00:00Z"}
+        if flags:
+            env["xla_flags"] = flags
+        cfg = {"encoder": "resnet18", "projector_dims": [8, 4], "objective": "simaffinity", "image_shape": [28, 28, 1],
+               "batch_size": 4, "precision": "bfloat16"}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"environment": env, "config": cfg,
+                                    "a_model_only": {"images_per_s": 4000 / ms, "ms_per_step": ms}}))
+        return str(path)
+
+    cache, unroll = "--xla_gpu_per_fusion_autotune_cache_dir=/somewhere", "--xla_gpu_experimental_max_unroll_factor=8"
+    paths = [run("plain", "", 10.0), run("tuned", cache, 12.0), run("unrolled", f"{cache} {unroll}", 9.0)]
+    rows = next(t for t in report.speed(paths) if t["title"].startswith("The bench"))["rows"]
+    models = sorted(row["model"] for row in rows)
+    assert models == ["resnet18, 8-4, simaffinity", f"resnet18, 8-4, simaffinity, XLA_FLAGS={unroll}"]
+    plain = next(row for row in rows if "XLA_FLAGS" not in row["model"])
+    assert plain["n"] == 2 and plain["ms"]["mean"] == pytest.approx(11.0)
+
+
 def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(tmp_path):
     """benchmarks.epoch_gap on a real (tiny, JAX) run: every piece of the epoch boundary is timed, the
     variant is applied and recorded, --cprofile keeps the profile; then cli_vs_bench --summarise reads the
