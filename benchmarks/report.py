@@ -139,14 +139,16 @@ def _card(result):
     return result.get("card") or env.get("device") or result.get("gpu")
 
 
-#: XLA flags that name where XLA keeps or writes files, not what it compiles: left out of a run's options.
-_XLA_PLACES = ("--xla_gpu_per_fusion_autotune_cache_dir", "--xla_dump_to", "--xla_dump_hlo_as_text",
-               "--xla_gpu_dump_autotune_results_to", "--xla_gpu_load_autotune_results_from")
+#: XLA flags about the files XLA keeps, writes or reads, not what it compiles (with every ``--xla_dump_*``
+#: flag): left out of a run's options.
+_XLA_FILES = ("--xla_gpu_per_fusion_autotune_cache_dir", "--xla_gpu_dump_autotune_results_to",
+              "--xla_gpu_load_autotune_results_from")
 
 
 def _xla_options(flags):
-    """The compile options of an ``XLA_FLAGS`` string: every flag but those of :data:`_XLA_PLACES`."""
-    return " ".join(f for f in (flags or "").split() if f.split("=", 1)[0] not in _XLA_PLACES)
+    """The compile options of an ``XLA_FLAGS`` string: every flag but the dumps and those of :data:`_XLA_FILES`."""
+    names = ((f, f.split("=", 1)[0]) for f in (flags or "").split())
+    return " ".join(f for f, name in names if not name.startswith("--xla_dump_") and name not in _XLA_FILES)
 
 
 def speed(paths):
@@ -165,8 +167,9 @@ def speed(paths):
                 model += ", stop_gradient_cov"
             if cfg.get("batch_norm", "global") != "global":
                 model += f", --batch_norm={cfg['batch_norm']}"
-            if _xla_options(env.get("xla_flags")):
-                model += f", XLA_FLAGS={_xla_options(env['xla_flags'])}"
+            options = _xla_options(env.get("xla_flags"))
+            if options:
+                model += f", XLA_FLAGS={options}"
             devices = cfg.get("devices") or env.get("devices") or 1
             key = (card, env.get("backend"), model, shape, cfg.get("batch_size"), cfg.get("precision"), devices,
                    cfg.get("processes", 1))

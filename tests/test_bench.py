@@ -168,7 +168,8 @@ def test_the_speed_report_tells_runs_apart_by_their_xla_compile_options(tmp_path
         return str(path)
 
     cache, unroll = "--xla_gpu_per_fusion_autotune_cache_dir=/somewhere", "--xla_gpu_experimental_max_unroll_factor=8"
-    paths = [run("plain", "", 10.0), run("tuned", cache, 12.0), run("unrolled", f"{cache} {unroll}", 9.0)]
+    dump = "--xla_dump_to=/elsewhere --xla_dump_hlo_as_text"
+    paths = [run("plain", "", 10.0), run("tuned", f"{cache} {dump}", 12.0), run("unrolled", f"{cache} {unroll}", 9.0)]
     rows = next(t for t in report.speed(paths) if t["title"].startswith("The bench"))["rows"]
     models = sorted(row["model"] for row in rows)
     assert models == ["resnet18, 8-4, simaffinity", f"resnet18, 8-4, simaffinity, XLA_FLAGS={unroll}"]
