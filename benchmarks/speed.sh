@@ -17,6 +17,7 @@
 #   xla28    section a of trace28's step under each of XLA's fusion options in XLA28 (NAME=VALUE for
 #            --xla_gpu_NAME=VALUE, A+B for both; default XLA28_DEFAULT below), the plain step first and last
 #            (OUT_DIR/xla28)
+#   xla224   the same for r50's one-GPU step at batch 128 (no PyTorch), the options in XLA224 (OUT_DIR/xla224)
 #   cli      benchmarks.cli_vs_bench: the bench's model step, then the train CLI for 100 epochs (FLAGFILE,
 #            default the paper's LARS recipe, kNN every 10) with an empty compilation cache, then again warm
 #   r50      ResNet-50 at 224 px, the bench's model step against torchvision's (benchmarks/torch_r50_peer.py),
@@ -59,6 +60,7 @@ XLA28_DEFAULT="experimental_enable_conv_fusion=true experimental_all_fusions_wit
   native_emitter_tune_unroll_factor_for_loops=true experimental_enable_fusion_block_level_rewriter=true
   experimental_enable_fusion_block_level_rewriter=true+experimental_enable_fusion_autotuner=true
   use_runtime_fusion=true"  # xla28's options: NAME=VALUE is XLA's --xla_gpu_NAME=VALUE; A+B both
+XLA224_DEFAULT="experimental_enable_conv_fusion=true experimental_all_fusions_with_triton=true"  # xla224's
 SGD="--optimizer=sgd --base_learning_rate=0.06 --weight_decay=5e-4 --warmup_epochs=10"  # the GPU peer's recipe
 PAPER=configs/paper/fashion_mnist_simaffinity.flags
 
@@ -74,6 +76,17 @@ cpu() {
     --objective_iters=5 --out="$OUT_DIR/cpu-tf-quickstart-28x28x1.json"
   run 600 "$PY" -m benchmarks.bench --data=fashion_mnist --image_shape=32,32,3 "${tiny[@]}" --sections=a,c,b \
     --out="$OUT_DIR/cpu-tf-quickstart-32x32x3.json"
+}
+
+xla_sweep() {  # xla_sweep DIR LIMIT_S "OPTIONS" CMD...: CMD --out=DIR/NAME.json under each option, plain first and last
+  local dir=$1 limit=$2 options=$3 v f flags; shift 3
+  local tuned="--xla_gpu_per_fusion_autotune_cache_dir=$dir/autotune"  # the convolutions tuned once
+  mkdir -p "$dir/autotune"
+  for v in plain $options plain-again; do
+    flags=""; case $v in plain*) ;; *) for f in ${v//+/ }; do flags="$flags --xla_gpu_$f"; done ;; esac
+    XLA_FLAGS="$tuned$flags" KERAS_BACKEND=jax run "$limit" "$@" --out="$dir/$(sed 's/=[^+]*//g' <<< "$v").json"
+  done
+  "$PY" -m benchmarks.report speed "$dir"/*.json | tee -a "$LOG"
 }
 
 r50() {
@@ -198,14 +211,12 @@ for phase in "$@"; do
       "$PY" -m benchmarks.report roofline "$OUT_DIR/traces/r18-28px" "$OUT_DIR/traces/r18-28px.hlo" \
         --bench="$OUT_DIR/traces/r18-28px.json" --out="$OUT_DIR/traces/roofline-r18-28px.json" | tee -a "$LOG" ;;
     xla28)  # section a of the SGD recipe at 28 px under each of XLA's fusion options, the plain step first and last
-      tuned="--xla_gpu_per_fusion_autotune_cache_dir=$OUT_DIR/xla28/autotune"  # the convolutions tuned once
-      mkdir -p "$OUT_DIR/xla28/autotune"
-      for v in plain ${XLA28:-$XLA28_DEFAULT} plain-again; do
-        flags=""; case $v in plain*) ;; *) for f in ${v//+/ }; do flags="$flags --xla_gpu_$f"; done ;; esac
-        XLA_FLAGS="$tuned$flags" KERAS_BACKEND=jax run 150 "${BENCH[@]}" --image_shape=28,28,1 --sections=a \
-          --objective=simaffinity --optimizer=sgd --out="$OUT_DIR/xla28/$(sed 's/=[^+]*//g' <<< "$v").json"
-      done
-      "$PY" -m benchmarks.report speed "$OUT_DIR"/xla28/*.json | tee -a "$LOG" ;;
+      xla_sweep "$OUT_DIR/xla28" 150 "${XLA28:-$XLA28_DEFAULT}" "${BENCH[@]}" --image_shape=28,28,1 --sections=a \
+        --objective=simaffinity --optimizer=sgd ;;
+    xla224)  # the same for ResNet-50's one-GPU step at 224 px, batch 128
+      xla_sweep "$OUT_DIR/xla224" 400 "${XLA224:-$XLA224_DEFAULT}" "$PY" -m benchmarks.bench --sections=a \
+        --encoder=resnet50 --image_shape=224,224,3 --data=synthetic --num_images=512 --objective=simaffinity \
+        --optimizer=sgd --batch_size=128 --steps=20 --reps=5 --devices=1 ${BENCH_EXTRA:-} ;;
     cli) KERAS_BACKEND=jax run 900 "$PY" -m benchmarks.cli_vs_bench --flagfile="${FLAGFILE:-$PAPER}" --epochs=100 \
            --knn_every=10 --warm_rerun --work="$OUT_DIR/cli" --label="${FLAGFILE:-$PAPER}" --out="$OUT_DIR/cli.json" -- --nopictures ;;
     r50) KERAS_BACKEND=jax r50 ;;
