@@ -68,6 +68,27 @@ def test_multicrop_loss_is_mean_over_pairs():
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
 
 
+def test_wmse_all_pairs_compares_the_local_crops_with_each_other_too():
+    """W-MSE's own code compares every pair of its d views; ``wmse_all_pairs`` does, local crops included,
+    each local crop's own embedding its target; without it each local crop meets the global views only."""
+    assert small_model("wmse").view_pairs(4) == [(0, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
+    model = small_model("wmse", wmse_all_pairs=True)
+    pairs = model.view_pairs(4)
+    assert pairs == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    v = views(local=2)
+    loss, _ = model.compute_objective(v, training=False)
+    z = [model.projector(model.encoder(x)) for x in v]
+    expected = [float(objectives.wmse_loss(z[i], z[j], eps=1e-4, whitening_size=16)) for i, j in pairs]
+    np.testing.assert_allclose(float(loss), np.mean(expected), rtol=1e-5)
+    assert abs(np.mean(expected) - np.mean(expected[:-1])) > 1e-6   # the local pair (2, 3) counts
+    # and trains: the local pair's gradient reaches the weights through both of its views
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
+    before = [np.array(w) for w in model.trainable_weights]
+    logs = model.train_on_batch(v, return_dict=True)
+    assert np.isfinite(logs["loss"])
+    assert any(np.abs(np.array(w) - b).max() > 0 for w, b in zip(model.trainable_weights, before))
+
+
 def test_view_pairs_without_predictor_or_ema_are_unordered():
     model = small_model()
     assert model.view_pairs(2) == [(0, 1)]

@@ -5,6 +5,10 @@ its own statistics, as W-MSE does), then ``2 − 2·cos`` between the two views'
 network on both branches; projector Linear-BN-ReLU-Linear to a small embedding (64 on CIFAR).
 Needs ``whitening_size > D``; the default (0) picks the smallest divisor of the batch that is at
 least ``2·D`` (W-MSE's 128 rows for D = 64), or the whole batch.
+
+With local crops (W-MSE 4 gives its two extra views as local crops), each extra view is compared with
+the two global ones; ``wmse_all_pairs`` compares every pair of views, the extra ones with each other
+too, as W-MSE's own code does for its d views (6 pairs for d = 4, not 5).
 """
 
 from uniclr_tf import objectives
@@ -18,11 +22,14 @@ class WMSE(Method):
     terms = ("distance",)
     projector_last_bn = False
     views = "simclr"
-    defaults = {"eps": 1e-4, "whitening_size": 0}
+    defaults = {"eps": 1e-4, "whitening_size": 0, "wmse_all_pairs": False}
     option_specs = {"whitening_size": Option(int, "W-MSE: rows per whitening sub-batch (must divide the "
                                                   "batch and exceed the embedding size); 0: the smallest "
                                                   "divisor of the batch >= 2 x the embedding size.",
-                                             lambda v: v == 0 or v > 1, "0 or an integer > 1")}
+                                             lambda v: v == 0 or v > 1, "0 or an integer > 1"),
+                    "wmse_all_pairs": Option(bool, "W-MSE: compare every pair of views, the local crops with each "
+                                                   "other too (W-MSE's d views: 6 pairs for d = 4); off: each local "
+                                                   "crop with the global views only.")}
     # --eps is the other whitening methods' ridge too (one flag, its help in COMMON_OPTIONS); here a shrinkage
     _shrinkage = Option(float, "W-MSE: shrinkage ε of the covariance, (1 − ε)·Σ + ε·I.",
                         lambda v: 0 <= v < 1, "a number in [0, 1) (W-MSE's shrinkage)")
@@ -30,6 +37,11 @@ class WMSE(Method):
     @classmethod
     def spec(cls, option):
         return cls._shrinkage if option == "eps" else super().spec(option)
+
+    def view_pairs(self, num_global, num_views):
+        if not self.options["wmse_all_pairs"]:
+            return super().view_pairs(num_global, num_views)
+        return [(i, j) for i in range(num_views) for j in range(i + 1, num_views)]
 
     def sub_batch(self, batch_size, embedding_dim):
         """Rows per whitening sub-batch for a batch of ``batch_size`` rows."""

@@ -653,11 +653,13 @@ class UniCLR(train_step_mixin(), keras.Model):
         view alone (``view_batch_norm="per_view"``).
 
         Returns per-view lists: backbone features, projector outputs ``z``, online embeddings (the
-        predictor's output where there is one) and, for the global views, the target embeddings.
+        predictor's output where there is one) and the target embeddings: of the global views, and of
+        the local ones too where the method compares a view with a local crop's target.
         """
         groups = [views[: self.num_global]]
         if len(views) > self.num_global:
             groups.append(views[self.num_global:])
+        local_targets = any(j >= self.num_global for _, j in self.view_pairs(len(views)))
         kind = self.method.target_kind
         features, projected, online, target = [], [], [], []
         for g, group in enumerate(groups):
@@ -669,7 +671,7 @@ class UniCLR(train_step_mixin(), keras.Model):
                 features += _deinterleave(f, len(chunk))
                 projected += _deinterleave(z, len(chunk))
                 online += _deinterleave(p, len(chunk))
-                if g == 0:
+                if g == 0 or local_targets:
                     if kind == "ema":
                         t = ops.stop_gradient(self.target_projector(self.target_encoder(x, training=training),
                                                                     training=training))
@@ -729,7 +731,7 @@ class UniCLR(train_step_mixin(), keras.Model):
                                  f"declare in `terms` {self.method.terms}")
             logs[term] = ops.mean(ops.stack([r[1][term] for r in results]))
         if training:
-            self.method.update_state(self.method_state, target)
+            self.method.update_state(self.method_state, target[: self.num_global])
         total = loss
         if self.probe is not None and labels is not None:
             logits = ops.cast(self.probe(ops.stop_gradient(features[0])), "float32")
