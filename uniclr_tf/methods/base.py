@@ -27,7 +27,9 @@ Which view is compared with which:
 
 * a symmetric method (no predictor, target ``"same"``): every unordered pair of global views;
 * an asymmetric one (predictor, stop-gradient or EMA target): ordered pairs ``(i, j)``, ``i != j``;
-* multi-crop: each local view against every global target.
+* multi-crop: each local view against every global target;
+* a method may choose its own pairs by overriding ``view_pairs`` (W-MSE's ``wmse_all_pairs``: every
+  pair of views); the model then also gives the local views targets where a pair needs them.
 
 The objective is the mean over these pairs, so its scale does not change with the number of crops
 (the authors of BYOL and MoCo v3 sum the two directions instead: a factor 2 that LARS's trust ratio
