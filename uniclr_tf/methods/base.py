@@ -4,6 +4,8 @@ A method declares, and the model (:class:`uniclr_tf.nets.model.UniCLR`) wires:
 
 * ``pair_loss(online, target, state)``: its loss between the online embedding of one view and the
   target embedding of another (a function of :mod:`uniclr_tf.objectives`), with its terms;
+  ``pairs_loss`` runs it over the compared pairs, and a method whose pairs share work overrides that
+  (W-MSE whitens each view once);
 * ``terms``: the names of the terms it logs (progress bar, CSV, TensorBoard, ``history.json``);
 * its heads: ``projector_last_bn`` (BN after the projector's last layer or not) and ``predictor``
   (``"never"``, ``"optional"`` through the ``predictor`` option, or ``"always"``);
@@ -272,6 +274,12 @@ class Method:
         A method that takes the symmetric loss (``symmetric_loss_weight`` in its ``defaults``) gets a
         fourth argument, ``gamma``: the weight of that term for this pair (:meth:`symmetric_weight`)."""
         raise NotImplementedError
+
+    def pairs_loss(self, online, target, pairs, state, weights):
+        """``[(loss, terms), ...]``, one for each ``(i, j)`` of ``pairs``: :meth:`pair_loss` of
+        ``online[i]`` and ``target[j]``, each with its pair's entry of ``weights`` (``(gamma,)`` for a
+        method that takes the symmetric loss, else ``()``). A method whose pairs share work overrides it."""
+        return [self.pair_loss(online[i], target[j], state, *weight) for (i, j), weight in zip(pairs, weights)]
 
     def with_symmetry(self, loss, terms, online, target, gamma):
         """Adds the UniCLR symmetric loss ``γ‖A − Aᵀ‖_F`` (Eq. 5) on ``A = n(online) n(target)ᵀ / τ``

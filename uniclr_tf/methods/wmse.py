@@ -12,6 +12,8 @@ too, as W-MSE's own code does for its d views (6 pairs for d = 4, not 5).
 """
 
 from uniclr_tf import objectives
+from uniclr_tf.objectives.redundancy import whitened_distance
+from uniclr_tf.objectives.whitening import subbatch_whiten
 from uniclr_tf.config.errors import UsageError
 from uniclr_tf.methods.base import Method, Option
 
@@ -58,10 +60,26 @@ class WMSE(Method):
             raise UsageError(f"--whitening_size={size}: W-MSE whitens sub-batches of this many rows, which must "
                              f"exceed the embedding size {embedding_dim} (--projector_dims) for a full-rank covariance")
 
-    def pair_loss(self, online, target, state):
+    def pairs_loss(self, online, target, pairs, state, weights):
+        """W-MSE's target is the online embedding itself, so each view is whitened once for all of its
+        pairs, as W-MSE's code does: the numbers of one whitening per view and pair, with 4 batched
+        factorisations a step for W-MSE 4 instead of 10 (12 with ``wmse_all_pairs``)."""
+        if self.asymmetric:
+            return super().pairs_loss(online, target, pairs, state, weights)
+        size = self._checked_sub_batch(online[0])
+        views = sorted({k for pair in pairs for k in pair})
+        white = {k: subbatch_whiten(online[k], size, eps=self.options["eps"], name=f"view {k}")
+                 for k in views}
+        return [(loss, {"distance": loss})
+                for loss in (whitened_distance(white[i], white[j]) for i, j in pairs)]
+
+    def _checked_sub_batch(self, online):
         if online.shape[0] is None:
             raise ValueError("wmse needs a static batch size to split it into whitening sub-batches: give fit "
                              "arrays (it trains them in whole batches unless drop_remainder=False), or a tf.data "
                              "dataset batched with drop_remainder=True (train.run does)")
-        size = self.sub_batch(online.shape[0], online.shape[1])
+        return self.sub_batch(online.shape[0], online.shape[1])
+
+    def pair_loss(self, online, target, state):
+        size = self._checked_sub_batch(online)
         return objectives.wmse_loss(online, target, eps=self.options["eps"], whitening_size=size, return_terms=True)

@@ -720,8 +720,9 @@ class UniCLR(train_step_mixin(), keras.Model):
             target = [self.all_gather(t) for t in target]
         self._check_rows(online[0])
         state = dict(self.method_state, step=self._steps_done(), steps_per_epoch=self.steps_per_epoch)
-        results = [self.method.pair_loss(online[i], target[j], state, *self._symmetric_weight(i, j, online[i]))
-                   for i, j in self.view_pairs(len(views))]
+        pairs = self.view_pairs(len(views))
+        results = self.method.pairs_loss(online, target, pairs, state,
+                                         [self._symmetric_weight(i, j, online[i]) for i, j in pairs])
         loss = ops.mean(ops.stack([r[0] for r in results]))
         logs = {"objective_loss": loss,
                 "embedding_std": objectives.embedding_std(ops.cast(projected[0], "float32"))}

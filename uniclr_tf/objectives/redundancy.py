@@ -172,8 +172,15 @@ def wmse_loss(z1, z2, eps=1e-4, whitening_size=128, return_terms=False):
     z1, z2, _ = check_embedding_pair(z1, z2)
     w1 = subbatch_whiten(z1, whitening_size, eps=eps, name="z1")
     w2 = subbatch_whiten(z2, whitening_size, eps=eps, name="z2")
-    loss = ops.mean(2.0 - 2.0 * ops.sum(l2_normalize(w1) * l2_normalize(w2), axis=1))
+    loss = whitened_distance(w1, w2)
     return (loss, {"distance": loss}) if return_terms else loss
+
+
+def whitened_distance(w1, w2):
+    """W-MSE's distance between two views already whitened (:func:`subbatch_whiten`): the mean over
+    rows of ``‖n(w1_i) − n(w2_i)‖² = 2 − 2·cos(w1_i, w2_i)``. :func:`wmse_loss` is this after whitening
+    each view; a caller comparing one view with several others whitens it once."""
+    return ops.mean(2.0 - 2.0 * ops.sum(l2_normalize(w1) * l2_normalize(w2), axis=1))
 
 
 # ----------------------------------------------------------------------------------------------
