@@ -5,7 +5,7 @@ A method declares, and the model (:class:`uniclr_tf.nets.model.UniCLR`) wires:
 * ``pair_loss(online, target, state)``: its loss between the online embedding of one view and the
   target embedding of another (a function of :mod:`uniclr_tf.objectives`), with its terms;
   ``pairs_loss`` runs it over the compared pairs, and a method whose pairs share work overrides that
-  (W-MSE whitens each view once);
+  (W-MSE whitens each view once for all of its pairs);
 * ``terms``: the names of the terms it logs (progress bar, CSV, TensorBoard, ``history.json``);
 * its heads: ``projector_last_bn`` (BN after the projector's last layer or not) and ``predictor``
   (``"never"``, ``"optional"`` through the ``predictor`` option, or ``"always"``);
