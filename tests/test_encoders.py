@@ -184,6 +184,48 @@ def test_other_libraries_backbones_follow_the_batch_norm_option(name):
     assert grouped.count_params() == plain.count_params()
 
 
+def test_convolution_biases_that_batch_norm_cancels_are_dropped():
+    """keras.applications' ResNet-50 gives each of its 53 convolutions a bias, which the batch norm after it
+    cancels: the encoder drops them (torchvision's 23,508,032 weights + 2 x 26,560 moving statistics). With
+    the same kernels and batch-norm weights, the biased model computes the same features in training, and
+    in inference when its moving means hold the bias. A bias before an activation, or on an output that
+    also feeds something else, stays."""
+    base = keras.applications.ResNet50(weights=None, include_top=False, pooling="avg", input_shape=(None, None, 3))
+    names = encoders.cancelled_biases(base)
+    assert len(names) == 53 and "conv1_conv" in names and "conv5_block3_0_conv" not in names
+    ours = encoders.build_encoder("resnet50", (64, 64, 3))
+    assert not any(getattr(layer, "use_bias", False) for layer in ours.layers if isinstance(layer, keras.layers.Conv2D))
+    assert ours.count_params() == 23_508_032 + 2 * 26_560
+
+    rng = np.random.default_rng(0)
+    for layer in (layer for layer in ours.layers if layer.weights):  # the base's weights, its biases random
+        weights = base.get_layer(layer.name).get_weights()
+        if layer.name in names:
+            base.get_layer(layer.name).set_weights([weights[0], rng.normal(size=weights[1].shape).astype("float32")])
+            weights = weights[:1]
+        elif isinstance(layer, keras.layers.BatchNormalization):
+            weights = [rng.normal(size=w.shape).astype("float32") for w in weights[:2]] + weights[2:]
+            base.get_layer(layer.name).set_weights(weights)
+        layer.set_weights(weights)
+    x = _images(64, channels=3, batch=4)
+    trained = np.asarray(ours(x, training=True))
+    np.testing.assert_allclose(np.asarray(base(x, training=True)), trained, rtol=1e-4, atol=1e-4 * np.abs(trained).max())
+    for name in names:  # the moving means as the biased model would hold them
+        consumer = base.get_layer(name)._outbound_nodes[0].operation
+        mean = ours.get_layer(consumer.name).moving_mean
+        consumer.moving_mean.assign(np.asarray(mean) + base.get_layer(name).bias.numpy())
+    served = np.asarray(ours(x, training=False))
+    np.testing.assert_allclose(np.asarray(base(x, training=False)), served, rtol=1e-4, atol=1e-4 * np.abs(served).max())
+
+    inputs = keras.Input((8, 8, 3))
+    a = keras.layers.BatchNormalization()(keras.layers.Conv2D(4, 3, name="into_bn")(inputs))
+    b = keras.layers.ReLU()(keras.layers.Conv2D(4, 3, name="into_relu")(inputs))
+    c = keras.layers.Conv2D(4, 3, name="two_consumers")(inputs)
+    d = keras.layers.Conv2D(4, 3, activation="relu", name="activated")(inputs)
+    outputs = keras.layers.Add()([a, b, keras.layers.BatchNormalization()(c), c, keras.layers.BatchNormalization()(d)])
+    assert encoders.cancelled_biases(keras.Model(inputs, outputs)) == {"into_bn"}
+
+
 def test_keras_hub_encoders_say_what_is_missing(monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "keras_hub", None)  # import keras_hub -> ImportError

@@ -92,7 +92,9 @@ def small_encoder(input_shape=(28, 28, 1), width=32, norm=None, name="small"):
 
 
 def resnet50(input_shape=(224, 224, 3), norm=None, name="resnet50"):
-    """ResNet-50 from ``keras.applications`` (random init, ``weights=None``), pooled 2048-d features."""
+    """ResNet-50 from ``keras.applications`` (random init, ``weights=None``), pooled 2048-d features,
+    without the convolutions' biases (the batch norms cancel them: :func:`cancelled_biases`), so with
+    torchvision's ResNet-50's weights."""
     base = keras.applications.ResNet50(weights=None, include_top=False, pooling="avg",
                                        input_shape=(None, None, input_shape[-1]))
     return with_our_layers(keras.Model(base.inputs, base.outputs, name=name), norm)
@@ -101,12 +103,15 @@ def resnet50(input_shape=(224, 224, 3), norm=None, name="resnet50"):
 def with_our_layers(model, norm=None):
     """``model`` (functional) with each ``BatchNormalization`` rebuilt by the factory ``norm``
     (:class:`~uniclr_tf.nets.norm.BatchNorm`), its own momentum and epsilon kept, so a backbone built by
-    another library follows ``--batch_norm`` as ours do; and on JAX each Keras ``MaxPooling2D`` as
-    :class:`~uniclr_tf.nets.pooling.MaxPooling2D` (the same pooling, a cheaper gradient). Returns ``model``
-    itself when nothing changes."""
+    another library follows ``--batch_norm`` as ours do; on JAX each Keras ``MaxPooling2D`` as
+    :class:`~uniclr_tf.nets.pooling.MaxPooling2D` (the same pooling, a cheaper gradient); and each
+    convolution whose bias the batch norm after it cancels (:func:`cancelled_biases`) without that bias,
+    as torchvision's ResNets are. Returns ``model`` itself when nothing changes. The weights are new
+    (the builders' backbones are randomly initialised)."""
     norm = as_norm(norm)
     pools = keras.backend.backend() == "jax" and any(type(layer) is layers.MaxPooling2D for layer in model.layers)
-    if norm.plain and not pools:
+    unbiased = cancelled_biases(model)
+    if norm.plain and not pools and not unbiased:
         return model
 
     def clone_fn(layer):
@@ -115,9 +120,29 @@ def with_our_layers(model, norm=None):
             for key in ("synchronized", *GroupBatchNormalization.TRAINING_OPTIONS):
                 cfg.pop(key, None)
             return norm(**cfg)
+        if layer.name in unbiased:
+            return layer.__class__.from_config({**cfg, "use_bias": False})
         return (pools and with_gather_max_pool(layer)) or layer.__class__.from_config(cfg)
 
     return keras.models.clone_model(model, clone_function=clone_fn)
+
+
+def cancelled_biases(model):
+    """The names of ``model``'s biased ``Conv2D`` layers whose bias the batch norm after them cancels:
+    no activation, and one consumer, a ``BatchNormalization`` over the convolution's channels. Batch norm
+    subtracts the batch's mean in training and the moving mean in inference, the bias with it, so the bias
+    changes nothing but costs a pass over the convolution's output gradient every step (keras.applications'
+    ResNet-50 has 53 of them; ResNet-50 at 224 px, batch 128, on an H200: about 1 ms a step)."""
+    names = set()
+    for layer in model.layers:
+        if not (type(layer) is layers.Conv2D and layer.use_bias and layer.activation is keras.activations.linear):
+            continue
+        consumers = [node.operation for node in layer._outbound_nodes]
+        channels = -1 if layer.data_format == "channels_last" else 1
+        if (len(consumers) == 1 and isinstance(consumers[0], layers.BatchNormalization)
+                and consumers[0].axis in (channels, channels % 4)):
+            names.add(layer.name)
+    return names
 
 
 def hub_resnet(name, input_shape, norm=None):
