@@ -244,6 +244,34 @@ def test_zca_eigh_times_every_implementation_against_the_float64_whitening(capsy
         zca_eigh.main(["--n=1"])
 
 
+def test_bn_sums_pallas_kernel_gives_batch_norms_sums(capsys):
+    """benchmarks.bn_sums' Pallas kernel (in Pallas' interpreter): Σx and Σx² of a bfloat16 activation, and
+    the backward pass's Σg and Σg·x̂ through the ReLU, against float64 NumPy, rows left over by the last
+    program masked; the CLI prints a row a shape and writes them."""
+    import jax.numpy as jnp
+    from benchmarks import bn_sums
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(64 * 7, 16)), jnp.bfloat16)
+    dy = jnp.asarray(rng.normal(size=(64 * 7, 16)), jnp.bfloat16)
+    mean, inv, gamma, beta = (jnp.asarray(v, jnp.float32) for v in (0.1 * rng.normal(size=16),
+                              1 + rng.random(16), rng.normal(size=16), 0.1 * rng.normal(size=16)))
+    x64, dy64 = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    x_hat = (x64 - np.asarray(mean)) * np.asarray(inv)
+    g = np.where(x_hat * np.asarray(gamma) + np.asarray(beta) > 0, dy64, 0.0)
+    for programs in (1, 3):  # 7 row tiles: 7 a program, or 3 + 3 + 1 of 3 programs (2 masked)
+        got = bn_sums.pallas_sums(x, jnp.float32(0), bm=64, bc=16, programs=programs, interpret=True)
+        np.testing.assert_allclose(got, [x64.sum(0), (x64 ** 2).sum(0)], rtol=1e-5, atol=1e-3)
+        got = bn_sums.pallas_sums(x, jnp.float32(0), (dy, mean, inv, gamma, beta), bm=64, bc=16,
+                                  programs=programs, interpret=True)
+        np.testing.assert_allclose(got, [g.sum(0), (g * x_hat).sum(0)], rtol=1e-5, atol=1e-3)
+    with pytest.raises(ValueError, match="does not tile"):
+        bn_sums.pallas_sums(x[:100], jnp.float32(0), interpret=True)
+    rows = bn_sums.main(["--interpret"])
+    assert len(capsys.readouterr().out.splitlines()) == 2 + len(rows) == 4
+    assert all(r["pallas_forward_error"] < 1e-5 and r["pallas_backward_error"] < 1e-5 for r in rows)
+
+
 # ------------------------------------------------------------------------------------------------
 # Cheap whitening: feature groups
 
