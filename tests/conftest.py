@@ -67,6 +67,18 @@ def warm_interpreters():
     warm.warm_up("tensorflow", "jax")
 
 
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """Each test leaves ``os.environ`` as it found it, whatever it imported: importing
+    ``jax.experimental.pallas`` sets ``MOSAIC_GPU_CUDA_ROOT``, and a variable left behind makes every later
+    child of that pytest worker differ from its warm interpreter's environment, so start cold."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(SLOW_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_MODULES)))  # stable: same order within

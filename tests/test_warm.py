@@ -30,7 +30,11 @@ def both(argv, **kwargs):
 
 def test_exit_codes_argv_environment_and_tracebacks_are_those_of_python(tmp_path):
     proc = warm.popen([sys.executable, "-c", "pass"], cwd=REPO_ROOT)
-    assert isinstance(proc, warm.WarmProcess) and proc.wait(60) == 0
+    base = warm._server("tensorflow").env
+    differ = sorted(k for k in set(os.environ) | set(base) if os.environ.get(k) != base.get(k)
+                    and k not in (*warm.FREE_ENV, "PYTHONPATH") and not k.startswith(("UNICLR_", "PYTEST_")))
+    assert isinstance(proc, warm.WarmProcess), f"started cold; environment differs in {differ}"
+    assert proc.wait(60) == 0
     for code in ("0", "3", "raise"):
         hot, cold = both([sys.executable, "-c", PROBE, code], cwd=tmp_path)
         assert hot.returncode == cold.returncode == (1 if code == "raise" else int(code))
