@@ -188,8 +188,8 @@ def test_convolution_biases_that_batch_norm_cancels_are_dropped():
     """keras.applications' ResNet-50 gives each of its 53 convolutions a bias, which the batch norm after it
     cancels: the encoder drops them (torchvision's 23,508,032 weights + 2 x 26,560 moving statistics). With
     the same kernels and batch-norm weights, the biased model computes the same features in training, and
-    in inference when its moving means hold the bias. A bias before an activation, or on an output that
-    also feeds something else, stays."""
+    in inference when its moving means hold the bias. A bias before an activation, on an output that
+    also feeds something else or that the model returns, or of a convolution called twice, stays."""
     base = keras.applications.ResNet50(weights=None, include_top=False, pooling="avg", input_shape=(None, None, 3))
     names = encoders.cancelled_biases(base)
     assert len(names) == 53 and "conv1_conv" in names and "conv5_block3_0_conv" not in names
@@ -224,6 +224,11 @@ def test_convolution_biases_that_batch_norm_cancels_are_dropped():
     d = keras.layers.Conv2D(4, 3, activation="relu", name="activated")(inputs)
     outputs = keras.layers.Add()([a, b, keras.layers.BatchNormalization()(c), c, keras.layers.BatchNormalization()(d)])
     assert encoders.cancelled_biases(keras.Model(inputs, outputs)) == {"into_bn"}
+    returned, shared = keras.layers.Conv2D(4, 3, name="returned"), keras.layers.Conv2D(3, 1, name="shared")
+    e, f = returned(inputs), shared(shared(inputs))
+    model = keras.Model(inputs, [keras.layers.BatchNormalization()(e), e, keras.layers.BatchNormalization()(f)])
+    assert encoders.cancelled_biases(model) == set()
+    assert encoders.with_our_layers(model) is model
 
 
 def test_keras_hub_encoders_say_what_is_missing(monkeypatch):
