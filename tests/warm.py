@@ -272,19 +272,27 @@ def _eligible(argv, env):
             server.warned = True
             warnings.warn(f"tests/warm.py: the warm {backend} interpreter did not start ({server.ready['error']})")
         return None
-    base, path = server.env, set(server.ready["path"]) | {""}
-    for key in set(base) | set(env):
-        if base.get(key) == env.get(key) or key in FREE_ENV or key.startswith(("UNICLR_", "PYTEST_")):
-            continue
-        if key == "PYTHONPATH" and all(p in path or os.path.abspath(p) in path
-                                       for p in env.get(key, "").split(os.pathsep)):
-            continue
+    if env_differences(server, env):
         return None
     if argv[1] == "-m" and argv[2] in server.ready["modules"]:
         return None
     if argv[1] == "-c" and ("sys.modules" in argv[2] or "NoTensorFlow" in argv[2]):
         return None   # code that looks at what is imported, or hides a module: a fresh interpreter
     return server
+
+
+def env_differences(server, env):
+    """The variables of ``env`` that may not differ from ``server``'s environment and do (sorted): a child
+    with any of them starts cold."""
+    base, path, differ = server.env, set(server.wait_ready()["path"]) | {""}, []
+    for key in set(base) | set(env):
+        if base.get(key) == env.get(key) or key in FREE_ENV or key.startswith(("UNICLR_", "PYTEST_")):
+            continue
+        if key == "PYTHONPATH" and all(p in path or os.path.abspath(p) in path
+                                       for p in env.get(key, "").split(os.pathsep)):
+            continue
+        differ.append(key)
+    return sorted(differ)
 
 
 class WarmProcess:
