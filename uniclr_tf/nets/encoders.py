@@ -130,10 +130,10 @@ def with_our_layers(model, norm=None):
 def cancelled_biases(model):
     """The names of ``model``'s biased ``Conv2D`` layers whose bias the batch norm after them cancels:
     no activation, called once, its output not one of the model's and consumed once, by a
-    ``BatchNormalization`` over the convolution's channels. Batch norm
-    subtracts the batch's mean in training and the moving mean in inference, the bias with it, so the bias
-    changes nothing but costs a pass over the convolution's output gradient every step (keras.applications'
-    ResNet-50 has 53 of them; ResNet-50 at 224 px, batch 128, on an H200: about 1 ms a step)."""
+    ``BatchNormalization`` over the convolution's channels. Batch norm subtracts the batch's mean in
+    training and the moving mean in inference, the bias with it, so the bias changes nothing but costs a
+    pass over the convolution's output gradient every step (keras.applications' ResNet-50 has 53 of them;
+    ResNet-50 at 224 px, batch 128, on an H200: about 1 ms a step)."""
     names, outputs = set(), {id(t) for t in keras.tree.flatten(model.outputs)}
     for layer in model.layers:
         if not (type(layer) is layers.Conv2D and layer.use_bias and layer.activation is keras.activations.linear
