@@ -272,6 +272,21 @@ def test_bn_sums_pallas_kernel_gives_batch_norms_sums(capsys):
     assert all(r["pallas_forward_error"] < 1e-5 and r["pallas_backward_error"] < 1e-5 for r in rows)
 
 
+def test_pool_grad_times_the_same_gradient_fenced_and_fused(tmp_path):
+    """benchmarks.pool_grad at a tiny shape: the fenced and the fused gather give the same gradient (the
+    barrier changes the schedule, not the maths); Keras' differs at most where ReLU zeros tie; the file has
+    a row a variant."""
+    import json
+
+    from benchmarks import pool_grad
+
+    result = pool_grad.main(["--images=2", "--size=8", f"--out={tmp_path / 'p.json'}"])
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert list(rows) == list(pool_grad.VARIANTS) and rows["fused"]["max_error"] == 0.0
+    assert all(r["ms"] > 0 and r["images"] == 2 for r in rows.values())
+    assert json.loads((tmp_path / "p.json").read_text())["rows"] == result["rows"]
+
+
 # ------------------------------------------------------------------------------------------------
 # Cheap whitening: feature groups
 
