@@ -418,6 +418,11 @@ def scaling(paths, first_epoch=3):
             *([("mfu", "MFU", "%")] if any(r["mfu"] for r in rows) else []),
             *([("epoch_end", "epoch end, share of wall", "%")] if any(r["epoch_end"] for r in rows) else []),
             ("n", "n", ""), ("failed", "failed", "")], rows))
+    commands = [{"job": job.get("job") or os.path.basename(path.rstrip("/")), "card": job.get("card"),
+                 "command": job["command"]} for path, job in jobs if job.get("command")]
+    if commands:
+        tables.append(table("The command that measured each job", [
+            ("job", "job", ""), ("card", "card", ""), ("command", "command", "")], commands))
     crow = []
     for path, r in collectives:
         counts = r["counts"]

@@ -23,25 +23,28 @@
 #            whole bank), bind (launch --cpu_binding=gpu; indep: taskset, a share of the CPUs each), spe (4
 #            steps compiled into one program, --steps_per_execution=4, on the first 57,344 images: 112, 56
 #            or 28 steps an epoch on 1, 2 or 4 GPUs), and XLA flags: lhs (latency-hiding scheduler), cmdbuf
-#            (collectives in CUDA graphs), sync (all-reduces on the compute stream), oneshot (XLA's one-shot
-#            all-reduce), sym (NCCL symmetric buffers), nocombine (no heuristic collective combining), noshard
-#            (every process autotunes), pgle (the latency-hiding scheduler fed by JAX's profile-guided
-#            latency estimates: the step's first 3 runs profiled, then recompiled), split (all-reduces
-#            combined up to 4 MiB rather than 30, so those of the gradients can start as the backward pass
-#            makes them; launch+lhs+split overlaps them with it), ovl (the scheduler may keep 4 collectives in
-#            flight at once, not 1), early (each collective starts as soon as its operands exist), ck (XLA's
-#            own Triton all-reduce kernels, one- or two-shot, where it can use them), atdump (the run's
-#            autotuning results written to RUNS_DIR/autotune.textproto), atload (read from there: the
-#            convolution algorithms g1+atdump chose), sol (the latency-hiding scheduler with XLA's analytical
-#            speed-of-light cost model), dump (the step's HLO after XLA's passes, in RUNS_DIR/hlo-VARIANT with
-#            VARIANT's + as -; from a run that compiles, not one served from the cache), p2p (XLA's copies
-#            between the GPUs of one process rather than NCCL's send/receive), nograph (no CUDA graphs: every
-#            kernel launched on its own), nbc (NCCL's non-blocking communicators, with XLA's asynchronous NCCL
-#            execution that they need), ub (NCCL's user buffers: collectives on XLA's buffers, no copies), ms
-#            (collectives on several streams), nch1 (each collective on one NCCL channel); and for every collective
-#            NCCL's protocol, ll (NCCL_PROTO=LL, its low-latency protocol for small messages) or ll128
-#            (NCCL_PROTO=LL128), nomix (NCCL_GRAPH_MIXING_SUPPORT=0: no support for NCCL calls in and out of CUDA
-#            graphs at once), and grp (NCCL_LAUNCH_MODE=GROUP: one process's GPUs launch each collective together)
+#            (collectives in CUDA graphs), sync (all-reduces on the compute stream; syncall: every
+#            collective), oneshot (XLA's one-shot all-reduce), sym (NCCL symmetric buffers), nocombine (no
+#            heuristic collective combining), noshard (every process autotunes), pgle (the latency-hiding
+#            scheduler fed by JAX's profile-guided latency estimates: the step's first 3 runs profiled, then
+#            recompiled), split (all-reduces combined up to 4 MiB rather than 30, so those of the gradients
+#            can start as the backward pass makes them; launch+lhs+split overlaps them with it), ovl (the
+#            scheduler may keep 4 collectives in flight at once, not 1), early (each collective starts as
+#            soon as its operands exist), ck (XLA's own Triton all-reduce kernels, one- or two-shot, where
+#            it can use them), atdump (the run's autotuning results written to RUNS_DIR/autotune.textproto),
+#            atload (read from there: the convolution algorithms g1+atdump chose), sol (the latency-hiding
+#            scheduler with XLA's analytical speed-of-light cost model), dump (the step's HLO after XLA's
+#            passes, in RUNS_DIR/hlo-VARIANT with VARIANT's + as -; from a run that compiles, not one served
+#            from the cache), p2p (XLA's copies between the GPUs of one process rather than NCCL's
+#            send/receive), nograph (no CUDA graphs: every kernel launched on its own), nbc (NCCL's
+#            non-blocking communicators, with XLA's asynchronous NCCL execution that they need), ub (NCCL's
+#            user buffers: collectives on XLA's buffers, no copies), ms (collectives on several streams),
+#            nch1 (each collective on one NCCL channel); and for every collective NCCL's protocol, ll
+#            (NCCL_PROTO=LL, its low-latency protocol for small messages) or ll128 (NCCL_PROTO=LL128), its
+#            algorithm, ring (NCCL_ALGO=Ring) or tree (NCCL_ALGO=Tree), conn1
+#            (CUDA_DEVICE_MAX_CONNECTIONS=1: one hardware queue a GPU), nomix (NCCL_GRAPH_MIXING_SUPPORT=0:
+#            no support for NCCL calls in and out of CUDA graphs at once), and grp (NCCL_LAUNCH_MODE=GROUP:
+#            one process's GPUs launch each collective together)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
 # RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
 # (RUNS_DIR/VARIANT-trace: python -m benchmarks.report trace RUNS_DIR/VARIANT-trace [--compare=...]).
@@ -110,6 +113,7 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
       lhs) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true" ;;
       cmdbuf) xla="$xla --xla_gpu_enable_command_buffer=+COLLECTIVES" ;;
       sync) xla="$xla --xla_gpu_disable_async_collectives=ALLREDUCE" ;;
+      syncall) xla="$xla --xla_gpu_disable_async_collectives=ALLCOLLECTIVES" ;;
       oneshot) xla="$xla --xla_gpu_unsupported_use_all_reduce_one_shot_kernel=true" ;;
       sym) xla="$xla --xla_gpu_experimental_enable_nccl_symmetric_buffers=true" ;;
       nocombine) xla="$xla --xla_gpu_experimental_enable_heuristic_collective_combining=false" ;;
@@ -131,6 +135,8 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
       ub) xla="$xla --xla_gpu_enable_nccl_user_buffers=true" ;;
       ms) xla="$xla --xla_gpu_experimental_enable_collective_multi_streaming=true" ;;
       ll) runenv="$runenv NCCL_PROTO=LL" ;; ll128) runenv="$runenv NCCL_PROTO=LL128" ;;
+      ring) runenv="$runenv NCCL_ALGO=Ring" ;; tree) runenv="$runenv NCCL_ALGO=Tree" ;;
+      conn1) runenv="$runenv CUDA_DEVICE_MAX_CONNECTIONS=1" ;;
       pgle) xla="$xla --xla_gpu_enable_latency_hiding_scheduler=true"
             runenv="$runenv JAX_ENABLE_PGLE=true JAX_PGLE_PROFILING_RUNS=3" ;;
       *) echo "scaling: unknown option '$part' of $v" >&2; return 2 ;;

@@ -229,6 +229,13 @@ def test_scaling_report_times_a_runs_dir_from_the_epoch_asked(tmp_path):
     assert rows["base+sync"]["weak"] == pytest.approx(11.0 / 12.0)  # no g1+sync: over g1
     rows = {r["variant"]: r for r in report.main(["scaling", str(runs), "--first_epoch=2"])[0]["rows"]}
     assert rows["g1"]["ms"]["mean"] == 10.0 and rows["base"]["ms"]["mean"] == 12.5  # medians of epochs 2-4
+    assert [t["title"] for t in report.scaling([str(runs)])] == [
+        "Step time over GPUs: each repeat the median ms a step of its timed epochs"]  # no command recorded
+    (runs / "environment.json").write_text(json.dumps(
+        {"card": "2 x GPU", "date": "2026-01-02", "command": "GPUS=2 bash benchmarks/scaling.sh"}))
+    commands = report.scaling([str(runs)])[1]
+    assert commands["rows"] == [{"job": "2 x GPU, 2026-01-02", "card": "2 x GPU",
+                                 "command": "GPUS=2 bash benchmarks/scaling.sh"}]
 
 
 def test_trace_counts_steps_by_the_device_kernels_when_the_host_missed_an_enqueue(tmp_path, capsys):
