@@ -20,6 +20,7 @@ maximum is tied, as after the ReLU). Medians of 5 repetitions of 20 calls, in ms
 import argparse
 import datetime
 import json
+import pathlib
 import time
 
 VARIANTS = ("fenced", "fused", "keras")
@@ -96,8 +97,7 @@ def main(argv=None):
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
               "command": "KERAS_BACKEND=jax python -m benchmarks.pool_grad --out=FILE.json", "rows": rows}
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
