@@ -36,7 +36,8 @@
 #            scheduler with XLA's analytical speed-of-light cost model), dump (the step's HLO after XLA's
 #            passes, in RUNS_DIR/hlo-VARIANT with VARIANT's + as -; from a run that compiles, not one served
 #            from the cache), p2p (XLA's copies between the GPUs of one process rather than NCCL's
-#            send/receive), nograph (no CUDA graphs: every kernel launched on its own), nbc (NCCL's
+#            send/receive), nograph (no CUDA graphs: every kernel launched on its own), cgraph (the
+#            convolutions in the CUDA graphs too), nbc (NCCL's
 #            non-blocking communicators, with XLA's asynchronous NCCL execution that they need), ub (NCCL's
 #            user buffers: collectives on XLA's buffers, no copies), ms (collectives on several streams),
 #            nch1 (each collective on one NCCL channel); and for every collective NCCL's protocol, ll
@@ -128,6 +129,7 @@ variant() {  # variant NAME: REPEATS timed runs (+ a traced one), its spec in RU
       p2p) xla="$xla --xla_gpu_use_memcpy_local_p2p=true" ;;
       dump) xla="$xla --xla_dump_to=$RUNS_DIR/hlo-${v//+/-} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train.*" ;;
       nograph) xla="$xla --xla_gpu_enable_command_buffer=" ;;
+      cgraph) xla="$xla --xla_gpu_enable_command_buffer=+CONVOLUTION" ;;
       grp) runenv="$runenv NCCL_LAUNCH_MODE=GROUP" ;;
       nbc) xla="$xla --xla_gpu_nccl_async_execution=true --xla_gpu_nccl_blocking_communicators=false" ;;
       nomix) runenv="$runenv NCCL_GRAPH_MIXING_SUPPORT=0" ;;

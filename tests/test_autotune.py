@@ -134,3 +134,19 @@ def test_no_seeding_off_gpus(tmp_path):
     pytest.importorskip("jax")
     assert autotune.seed_for_jax(str(tmp_path)) == 0  # the test machine's JAX runs on its CPU
     assert os.listdir(tmp_path) == []
+
+
+def test_convolution_graphs_are_read_from_xla_flags():
+    from uniclr_tf.training.cli import wants_convolution_graphs as wants
+    assert wants("--xla_gpu_enable_command_buffer=+CONVOLUTION")
+    assert wants("--xla_dump_to=/tmp/x --xla_gpu_enable_command_buffer=FUSION,convolution")
+    assert not wants("--xla_gpu_enable_command_buffer=FUSION,CUBLAS")
+    assert not wants("--xla_gpu_enable_command_buffer=-CONVOLUTION")
+    assert not wants("--xla_gpu_enable_command_buffer=+CONVOLUTION --xla_gpu_enable_command_buffer=")  # the last
+    assert not wants("") and not wants(None)
+
+
+def test_no_priming_off_gpus(monkeypatch):
+    from uniclr_tf.training.cli import prime_cudnn_for_graphs
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=+CONVOLUTION")
+    assert prime_cudnn_for_graphs() == 0

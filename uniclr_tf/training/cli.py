@@ -261,6 +261,36 @@ def enable_compilation_cache(path, autotune_table=True):
     return path
 
 
+def wants_convolution_graphs(xla_flags):
+    """Whether ``xla_flags`` (an ``XLA_FLAGS`` value) puts convolutions into XLA's CUDA graphs
+    (``--xla_gpu_enable_command_buffer=...CONVOLUTION...``, as a list or a ``+`` to the defaults)."""
+    value = None
+    for word in (xla_flags or "").split():
+        if word.startswith("--xla_gpu_enable_command_buffer="):
+            value = word.split("=", 1)[1]  # the last one counts, as in XLA
+    return value is not None and any(t.strip().lstrip("+") == "CONVOLUTION" for t in value.upper().split(","))
+
+
+def prime_cudnn_for_graphs():
+    """With convolutions in XLA's CUDA graphs (:func:`wants_convolution_graphs` of ``XLA_FLAGS``), runs
+    one small convolution on each local GPU before the first step; returns how many GPUs it primed.
+
+    XLA records those convolutions into its graphs by stream capture on the first step, and cuDNN
+    cannot create its handle during a capture. With the shipped autotuning table nothing calls cuDNN
+    before that step, which then fails ("Could not create cudnn handle", cuDNN status 5003)."""
+    import keras
+    if keras.backend.backend() != "jax" or not wants_convolution_graphs(os.environ.get("XLA_FLAGS")):
+        return 0
+    import jax
+    import jax.numpy as jnp
+    gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+    for device in gpus:
+        x, w = jax.device_put((jnp.ones((1, 8, 8, 8), jnp.bfloat16), jnp.ones((3, 3, 8, 8), jnp.bfloat16)), device)
+        jax.block_until_ready(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                                           dimension_numbers=("NHWC", "HWIO", "NHWC")))
+    return len(gpus)
+
+
 def _read_metrics(path):
     """``metrics.json`` as a dict, or None (with one warning line) when it is not a JSON object with a
     string ``status``: the run then resumes from its backup, whose final stage writes it again."""
@@ -438,6 +468,7 @@ def _prepare_process(cfg):
     process_id, num_processes = distribute.initialize_processes(this.coordinator_address, this.num_processes,
                                                                 this.process_id)
     enable_compilation_cache(this.compilation_cache_dir, this.autotune_table)
+    prime_cudnn_for_graphs()
     # tf.distribute's multi-worker strategy must exist before any other TensorFlow operation.
     early = distribute.make_strategy(cfg.system.strategy) if cfg.system.strategy == "multi_worker" else None
     if early is not None:  # one process per worker; worker 0 (or the chief) is process 0
