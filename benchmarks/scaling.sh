@@ -19,33 +19,33 @@
 #            resume and end with one continuous history (a check; its line in RUNS_DIR/checks.txt)
 #   parity   1 GPU and 1 process x 2 GPUs, the same flags and seed, 5 steps: their epoch-1 losses (a check)
 #   options  onepass (--batch_norm=global_one_pass, the default), twopass (--batch_norm=global, Keras's
-#            two-pass statistics), perdev (--batch_norm=per_device), knn (the kNN monitor every epoch on the
-#            whole bank), bind (launch --cpu_binding=gpu; indep: taskset, a share of the CPUs each), spe (4
-#            steps compiled into one program, --steps_per_execution=4, on the first 57,344 images: 112, 56
-#            or 28 steps an epoch on 1, 2 or 4 GPUs), and XLA flags: lhs (latency-hiding scheduler), cmdbuf
-#            (collectives in CUDA graphs), sync (all-reduces on the compute stream; syncall: every
-#            collective), oneshot (XLA's one-shot all-reduce), sym (NCCL symmetric buffers), nocombine (no
-#            heuristic collective combining), noshard (every process autotunes), pgle (the latency-hiding
-#            scheduler fed by JAX's profile-guided latency estimates: the step's first 3 runs profiled, then
-#            recompiled), split (all-reduces combined up to 4 MiB rather than 30, so those of the gradients
-#            can start as the backward pass makes them; launch+lhs+split overlaps them with it), ovl (the
-#            scheduler may keep 4 collectives in flight at once, not 1), early (each collective starts as
-#            soon as its operands exist), ck (XLA's own Triton all-reduce kernels, one- or two-shot, where
-#            it can use them), atdump (the run's autotuning results written to RUNS_DIR/autotune.textproto),
-#            atload (read from there: the convolution algorithms g1+atdump chose), sol (the latency-hiding
-#            scheduler with XLA's analytical speed-of-light cost model), dump (the step's HLO after XLA's
-#            passes, in RUNS_DIR/hlo-VARIANT with VARIANT's + as -; from a run that compiles, not one served
-#            from the cache), p2p (XLA's copies between the GPUs of one process rather than NCCL's
-#            send/receive), nograph (no CUDA graphs: every kernel launched on its own), cgraph (the
-#            convolutions in the CUDA graphs too), nbc (NCCL's
-#            non-blocking communicators, with XLA's asynchronous NCCL execution that they need), ub (NCCL's
-#            user buffers: collectives on XLA's buffers, no copies), ms (collectives on several streams),
-#            nch1 (each collective on one NCCL channel); and for every collective NCCL's protocol, ll
-#            (NCCL_PROTO=LL, its low-latency protocol for small messages) or ll128 (NCCL_PROTO=LL128), its
-#            algorithm, ring (NCCL_ALGO=Ring) or tree (NCCL_ALGO=Tree), conn1
-#            (CUDA_DEVICE_MAX_CONNECTIONS=1: one hardware queue a GPU), nomix (NCCL_GRAPH_MIXING_SUPPORT=0:
-#            no support for NCCL calls in and out of CUDA graphs at once), and grp (NCCL_LAUNCH_MODE=GROUP:
-#            one process's GPUs launch each collective together)
+#            two-pass statistics), perdev (--batch_norm=per_device), knn (the kNN monitor every epoch on
+#            the whole bank), bind (launch --cpu_binding=gpu; indep: taskset, a share of the CPUs each),
+#            spe (4 steps compiled into one program, --steps_per_execution=4, on the first 57,344 images:
+#            112, 56 or 28 steps an epoch on 1, 2 or 4 GPUs), and XLA flags: lhs (latency-hiding
+#            scheduler), cmdbuf (collectives in CUDA graphs), sync (all-reduces on the compute stream;
+#            syncall: every collective), oneshot (XLA's one-shot all-reduce), sym (NCCL symmetric
+#            buffers), nocombine (no heuristic collective combining), noshard (every process autotunes),
+#            pgle (the latency-hiding scheduler fed by JAX's profile-guided latency estimates: the step's
+#            first 3 runs profiled, then recompiled), split (all-reduces combined up to 4 MiB rather than
+#            30, so those of the gradients can start as the backward pass makes them; launch+lhs+split
+#            overlaps them with it), ovl (the scheduler may keep 4 collectives in flight at once, not 1),
+#            early (each collective starts as soon as its operands exist), ck (XLA's own Triton
+#            all-reduce kernels, one- or two-shot, where it can use them), atdump (the run's autotuning
+#            results written to RUNS_DIR/autotune.textproto), atload (read from there: the convolution
+#            algorithms g1+atdump chose), sol (the latency-hiding scheduler with XLA's analytical
+#            speed-of-light cost model), dump (the step's HLO after XLA's passes, in RUNS_DIR/hlo-VARIANT
+#            with VARIANT's + as -; from a run that compiles, not one served from the cache), p2p (XLA's
+#            copies between the GPUs of one process rather than NCCL's send/receive), nograph (no CUDA
+#            graphs: every kernel launched on its own), cgraph (the convolutions in the CUDA graphs too),
+#            nbc (NCCL's non-blocking communicators, with XLA's asynchronous NCCL execution that they
+#            need), ub (NCCL's user buffers: collectives on XLA's buffers, no copies), ms (collectives on
+#            several streams), nch1 (each collective on one NCCL channel); and for every collective
+#            NCCL's protocol, ll (NCCL_PROTO=LL, its low-latency protocol for small messages) or ll128
+#            (NCCL_PROTO=LL128), its algorithm, ring (NCCL_ALGO=Ring) or tree (NCCL_ALGO=Tree), conn1
+#            (CUDA_DEVICE_MAX_CONNECTIONS=1: one hardware queue a GPU), nomix
+#            (NCCL_GRAPH_MIXING_SUPPORT=0: no support for NCCL calls in and out of CUDA graphs at once),
+#            and grp (NCCL_LAUNCH_MODE=GROUP: one process's GPUs launch each collective together)
 # Each variant runs REPEATS (3) times, each run under `timeout LIMIT` (150 s) with the compilation cache in
 # RUNS_DIR/xla-cache; TRACE=1 adds one run with --profile_steps over 5 steps of the last epoch
 # (RUNS_DIR/VARIANT-trace: python -m benchmarks.report trace RUNS_DIR/VARIANT-trace [--compare=...]).
