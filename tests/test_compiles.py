@@ -20,7 +20,10 @@ ALLOWED_IN_FIT = {
     "zeros",            # the loss trackers' zeros before each epoch (UniCLR.reset_metrics)
 }
 # After fit: the final kNN reuses the monitor's programs; the pictures compile their augmentation.
-ALLOWED_AFTER_FIT = {"augment_views"}  # views.png's augmenter call (pictures._augment)
+ALLOWED_AFTER_FIT = {
+    "augment_views",         # views.png's augmenter call (pictures._augment)
+    "convert_element_type",  # Keras's save_weights makes a reference Optimizer(1.0): its learning rate, a
+}                            # Python float made a float32 array (the build's initialisers run in one program)
 # Not in this run: on the host path of the kNN (streamed data, keras.distribution set) the monitor
 # compiles preprocess_batch, predict_step, similarity_top_k and effective_rank_tensor instead.
 

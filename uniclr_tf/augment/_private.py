@@ -16,6 +16,9 @@ Names:
         when the layer has no seed).
     no_automatic_dependency_tracking: decorator that keeps Keras from tracking the
         ``tf.random.Generator`` as layer state.
+    jax_variables: (JAX backend only, imported when called) what :mod:`uniclr_tf.nets.variables`
+        needs to defer variables' initialisers: Keras's JAX ``Variable`` class, whether a layout
+        shards a variable as it is made, and whether code runs in a stateless scope or a JAX trace.
 """
 
 from keras.src.layers.preprocessing.data_layer import DataLayer
@@ -26,4 +29,14 @@ from keras.src.utils import tracking
 DynamicBackend = backend_utils.DynamicBackend
 no_automatic_dependency_tracking = tracking.no_automatic_dependency_tracking
 
-__all__ = ["DataLayer", "DynamicBackend", "make_default_seed", "no_automatic_dependency_tracking"]
+
+
+def jax_variables():
+    """``(JaxVariable, should_shard_at_init(layout, shape), in_stateless_scope(), in_jax_trace())``."""
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.jax import core
+    from keras.src.utils.jax_utils import is_in_jax_tracing_scope
+    return core.JaxVariable, core.should_shard_at_init, in_stateless_scope, is_in_jax_tracing_scope
+
+
+__all__ = ["DataLayer", "DynamicBackend", "jax_variables", "make_default_seed", "no_automatic_dependency_tracking"]

@@ -572,8 +572,11 @@ def _build_training_model(ctx):
     import keras
     from uniclr_tf.training import backup
     from uniclr_tf.training import distribute
+    from uniclr_tf.nets.variables import batched_initialisers
     cfg = ctx.cfg
-    with distribute.scope(ctx.strategy):
+    # On JAX a few XLA programs, compiled side by side, compute every variable's initial value (model,
+    # heads, optimizer), not ~60 small ones, one for each shape and distribution, compiled in turn.
+    with distribute.scope(ctx.strategy), batched_initialisers():
         model = build_model(cfg, ctx.info, ctx.augmenter if cfg.system.augment_on == "device" else None,
                             devices=distribute.num_data_parallel_devices(ctx.strategy), method=ctx.method)
         # JAX must jit ("auto"): with jit_compile=False Keras-on-JAX runs the step eagerly (~70x
