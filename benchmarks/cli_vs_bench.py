@@ -28,6 +28,7 @@ made (e.g. a rerun of the CLI with the compilation cache warm, in a later job).
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -110,7 +111,8 @@ def main():
         bench = json.load(f)
     model_rate = bench["a_model_only"]["images_per_s"]
 
-    cache = os.path.join(work, "xla-cache")  # empty at first: the first CLI run compiles cold
+    cache = os.path.join(work, "xla-cache")  # emptied: the first CLI run compiles cold
+    shutil.rmtree(cache, ignore_errors=True)
     result = measure_cli(py, args, work, "cli", train_extra, cache, model_rate)
     result["bench"] = {"environment": bench.get("environment"), "a_model_only": bench["a_model_only"]}
     env = bench.get("environment") or {}

@@ -153,7 +153,7 @@ def _xla_options(flags):
 
 def speed(paths):
     bench, peers, cli = collections.OrderedDict(), collections.OrderedDict(), []
-    objective = []
+    objective, process = [], []
     for path, r in _items(paths):
         card, date = _card(r), _day(r.get("date") or (r.get("environment") or {}).get("date"))
         cfg = r.get("config") or {}
@@ -208,18 +208,21 @@ def speed(paths):
         elif "cli_training_images_per_s" in r:  # benchmarks.cli_vs_bench
             for label, res in [("", r)] + ([(" (rerun, warm cache)", r["warm_cache_rerun"])]
                                            if "warm_cache_rerun" in r else []):
+                if res.get("process_phases_seconds"):
+                    process.append({"card": card, "date": date, "run": (r.get("label") or "train CLI") + label,
+                                    "process": res.get("cli_process_seconds"), **res["process_phases_seconds"]})
                 cli.append({"card": card, "date": date, "run": (r.get("label") or "train CLI") + label,
                             "bench": res["bench_model_only_images_per_s"], "cli": res["cli_training_images_per_s"],
                             "ratio": res["ratio_cli_to_bench"], "fit_s": res["cli_fit_wall_seconds"],
                             "first_epoch_s": res["first_epoch_seconds"], "compile_s": res.get("compile_seconds_estimate"),
                             "outside": res.get("share_outside_training_steps_measured",
                                                res.get("share_outside_training_steps")),
-                            "knn": res.get("final_knn_top1")})
+                            "knn": res.get("final_knn_top1"), "process_s": res.get("cli_process_seconds")})
         elif "training_images_per_s" in r:  # torch_gpu_peer (or a CLI run measured the same way): a whole run
             cli.append({"card": card, "date": date, "run": r.get("label") or "PyTorch peer, GPU augmentation",
                         "cli": r["training_images_per_s"], "fit_s": r.get("wall_seconds"),
                         "first_epoch_s": r.get("first_epoch_seconds"), "compile_s": r.get("compile_seconds_estimate"),
-                        "knn": r.get("final_knn_top1")})
+                        "knn": r.get("final_knn_top1"), "process_s": r.get("process_seconds")})
         else:
             raise SystemExit(f"{path}: not a result of the bench, a peer or cli_vs_bench")
     tables = []
@@ -261,7 +264,13 @@ def speed(paths):
             ("first_epoch_s", "first epoch s", ".1f"), ("compile_s", "compile s (est.)", ".1f"),
             ("cli", "training images/s after epoch 1", ",.0f"), ("bench", "bench images/s", ",.0f"),
             ("ratio", "CLI / bench", ".3f"), ("outside", "fit outside training steps", "%"),
-            ("knn", "final kNN", ".4f")], cli))
+            ("knn", "final kNN", ".4f"), ("process_s", "process s", ".1f")], cli))
+    if process:
+        tables.append(table("The train CLI's process by phase, s (its metrics.json; process: timed from outside)", [
+            ("card", "card", ""), ("date", "date", ""), ("run", "run", ""), ("start_up", "start-up", ".1f"),
+            ("set_up", "set-up", ".1f"), ("data", "data", ".1f"), ("model", "model", ".1f"),
+            ("raw_pixel_knn", "raw-pixel kNN", ".1f"), ("training", "training", ".1f"), ("saving", "saving", ".1f"),
+            ("final_knn", "final kNN", ".1f"), ("wall", "wall", ".1f"), ("process", "process", ".1f")], process))
     if objective:
         tables.append(table("(d) the objective alone, forward + backward, ms a call", [
             ("card", "card", ""), ("objective", "objective", ""), ("variant", "variant", ""), ("n", "N", ""),

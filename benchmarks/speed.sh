@@ -20,6 +20,8 @@
 #   xla224   the same for r50's one-GPU step at batch 128 (no PyTorch), the options in XLA224 (OUT_DIR/xla224)
 #   cli      benchmarks.cli_vs_bench: the bench's model step, then the train CLI for 100 epochs (FLAGFILE,
 #            default the paper's LARS recipe, kNN every 10) with an empty compilation cache, then again warm
+#   process  the same, 5 epochs, no kNN monitor: the CLI's process by phase (start-up, model, training, ...) with
+#            an empty compilation cache, then warm (OUT_DIR/process.json; LABEL= names the runs)
 #   r50      ResNet-50 at 224 px, the bench's model step against torchvision's (benchmarks/torch_r50_peer.py),
 #            REPEATS (3) times each for each of BATCHES ("128"); DP=N adds the step over N GPUs of one process,
 #            PROCS=N as N processes x 1 GPU (one JAX job: a machine with N GPUs); BN1=global_one_pass the
@@ -219,6 +221,9 @@ for phase in "$@"; do
         --optimizer=sgd --batch_size=128 --steps=20 --reps=5 --devices=1 ${BENCH_EXTRA:-} ;;
     cli) KERAS_BACKEND=jax run 900 "$PY" -m benchmarks.cli_vs_bench --flagfile="${FLAGFILE:-$PAPER}" --epochs=100 \
            --knn_every=10 --warm_rerun --work="$OUT_DIR/cli" --label="${FLAGFILE:-$PAPER}" --out="$OUT_DIR/cli.json" -- --nopictures ;;
+    process) KERAS_BACKEND=jax run 400 "$PY" -m benchmarks.cli_vs_bench --flagfile="$PAPER" --epochs=5 --knn_every=0 \
+           --warm_rerun --work="$OUT_DIR/process" --label="${LABEL:-5 epochs}" --out="$OUT_DIR/process.json" \
+           -- --warmup_epochs=1 --nopictures ;;
     r50) KERAS_BACKEND=jax r50 ;;
     first_run) first_run ;;
     autotune_table) autotune_table ;;

@@ -213,8 +213,12 @@ def test_epoch_gap_times_the_epoch_boundary_and_cli_vs_bench_summarises_the_run(
     assert phases["training"] >= result["cli_fit_wall_seconds"] - 0.01 and "CLI process by phase" in proc.stdout
     assert phases["wall"] == pytest.approx(sum(v for k, v in phases.items() if k != "wall"))
     from benchmarks import report
-    row = report.speed([str(summary_json)])[0]["rows"][0]
+    tables = report.speed([str(summary_json)])
+    row = tables[0]["rows"][0]
     assert row["run"] == "tiny" and row["bench"] == 1000 and row["ratio"] == result["ratio_cli_to_bench"]
+    assert row["process_s"] == 100
+    process = next(t for t in tables if "process by phase" in t["title"])["rows"][0]  # metrics.json's phases
+    assert process["run"] == "tiny" and process["process"] == 100 and process["model"] == phases["model"]
 
 
 def test_bad_sections_flag_is_a_usage_error():
