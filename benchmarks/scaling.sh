@@ -211,9 +211,14 @@ resume() {  # launch, SIGTERM to the launcher once epoch 1 is in the history, th
 parity() {  # p1 (1 GPU) and p2 (1 process x 2 GPUs), the same flags and seed, 5 steps: epoch-1 losses
   local flags=("$@" --batch_size=$((2 * PER_GPU)) --epochs=1 --steps_per_epoch=5 --seed=0)
   echo "=== $(date -u +%T) parity: 1 GPU against 1 process x 2 GPUs, 5 steps"
-  run p1 0 1 "${flags[@]}" & local a=$!
-  run p2 "$((GPUS > 2 ? 1 : 0)),$((GPUS > 2 ? 2 : 1))" 1 --strategy=data_parallel "${flags[@]}" &
-  local b=$!; wait "$a"; wait "$b"
+  if [ "$GPUS" -gt 2 ]; then  # side by side on GPUs 0 and 1,2; on 2 GPUs one after the other (they share GPU 0)
+    run p1 0 1 "${flags[@]}" & local a=$!
+    run p2 1,2 1 --strategy=data_parallel "${flags[@]}" &
+    local b=$!; wait "$a"; wait "$b"
+  else
+    run p1 0 1 "${flags[@]}"
+    run p2 0,1 1 --strategy=data_parallel "${flags[@]}"
+  fi
   "$PY" - "$RUNS_DIR" <<'PY' | tee -a "$RUNS_DIR/checks.txt"
 import json, os, sys
 loss = [json.load(open(os.path.join(sys.argv[1], n, "history.json")))[0]["loss"] for n in ("p1", "p2")]
