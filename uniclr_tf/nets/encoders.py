@@ -14,6 +14,7 @@ from keras import layers, ops
 from uniclr_tf.config.errors import UsageError
 from uniclr_tf.nets.norm import BatchNorm, GroupBatchNormalization, as_norm  # noqa: F401
 from uniclr_tf.nets.pooling import max_pooling_2d, with_gather_max_pool
+from uniclr_tf.nets.variables import with_batched_initialisers
 
 ENCODERS = ("resnet18", "resnet50", "small", "tiny", "vit_tiny", "vit_small", "hub_resnet18", "hub_resnet50")
 STEMS = ("auto", "cifar", "imagenet")
@@ -272,6 +273,7 @@ def vit(name, input_shape, dims=None):
     return keras.Model(inputs, ClassToken(name="class_token")(x), name=name)
 
 
+@with_batched_initialisers  # on JAX the initial values come from a few compiled programs
 def build_encoder(name, input_shape, width=None, norm=None, stem="auto"):
     """Builds the encoder called ``name`` (one of ``ENCODERS``) for images of ``input_shape``;
     ``stem`` is resnet18's (:func:`resnet18_stem`); ``norm`` the batch-norm factory

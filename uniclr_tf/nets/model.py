@@ -23,6 +23,7 @@ from uniclr_tf import augment, methods, objectives  # noqa: F401 (augment: its l
 from uniclr_tf.config.errors import UsageError
 from uniclr_tf.config.train_config import VIEW_BATCH_NORMS
 from uniclr_tf.nets import encoders, heads  # noqa: F401 (encoders: their layers load with a model)
+from uniclr_tf.nets.variables import with_batched_initialisers
 from uniclr_tf.training import whole_batches
 from uniclr_tf.training.schedules import momentum_schedule
 from uniclr_tf.training.steps import train_step_mixin
@@ -297,6 +298,7 @@ class UniCLR(train_step_mixin(), keras.Model):
         an unknown method or a bad option value, inconsistent sizes.
     """
 
+    @with_batched_initialisers  # on JAX its heads' and target's initial values come from a few programs
     def __init__(self, encoder, projector=None, predictor=None, method="simtrace", options=None, augmenter=None,
                  num_global=2, num_classes=None, gather_across_replicas=True, ema_total_steps=None,
                  steps_per_epoch=None, projector_dims=None, predictor_hidden=None, norm=None, name="uniclr",

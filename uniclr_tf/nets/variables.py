@@ -4,16 +4,26 @@ Keras on JAX computes each new variable's initial value when the variable is mad
 as eager JAX operations, and XLA compiles a small program for every shape and distribution among them (a
 ResNet-18 with its heads and optimizer: about 60 programs, one after the other). On a GPU that is about 7
 seconds before training on every run that does not find them in the compilation cache.
-:func:`batched_initialisers` defers those initialisers while a model is built, then traces them into a
-few ``jax.jit`` programs and compiles those on several threads at once (XLA releases the GIL). A deferred
+:func:`batched_initialisers` defers those initialisers while a model is built (the train CLI's model and
+optimizer; ``build_encoder`` and ``UniCLR`` always), then traces them into a few ``jax.jit`` programs and compiles those on several threads at once (XLA releases the GIL). A deferred
 variable read before the block ends gets the deferred values computed first, so code that copies weights
 during construction (an EMA target) sees the final values.
 """
 
 import contextlib
+import functools
 import os
 
-__all__ = ["batched_initialisers"]
+__all__ = ["batched_initialisers", "with_batched_initialisers"]
+
+
+def with_batched_initialisers(function):
+    """``function`` run inside :func:`batched_initialisers` (a builder: ``build_encoder``, ``UniCLR``)."""
+    @functools.wraps(function)
+    def batched(*args, **kwargs):
+        with batched_initialisers():
+            return function(*args, **kwargs)
+    return batched
 
 
 @contextlib.contextmanager
@@ -21,7 +31,8 @@ def batched_initialisers(programs=None):
     """Within the block, new Keras variables on JAX take their initial values from a few compiled programs.
 
     ``programs``: how many programs to split the initialisers into and compile at once (default: half
-    the CPU cores, at most 8; 1 makes one program). The values are those of the same initialisers with
+    the CPU cores, at most 8; 1 makes one program; 0 keeps Keras's own initialisation, one compile
+    after another, for the builders inside the block too: a reference). The values are those of the same initialisers with
     the same seeds as without the block: the random bits are the same, and a float transform may differ
     in its last bit where XLA fuses it. They are computed when the block ends, or earlier when a deferred
     variable is read outside a trace (``get_weights``, ``numpy()``, an operation on it); a variable
@@ -37,6 +48,13 @@ def batched_initialisers(programs=None):
     cls = jax_variables()[0]
     if getattr(cls, "_uniclr_deferred", None) is not None:  # nested: the outer block computes them
         yield
+        return
+    if programs == 0:  # Keras's own: nested blocks (the builders') see one active and do nothing
+        cls._uniclr_deferred = ()
+        try:
+            yield
+        finally:
+            del cls._uniclr_deferred
         return
     if programs is None:
         programs = max(1, min(8, (os.cpu_count() or 2) // 2))
@@ -113,8 +131,10 @@ def _compute(pending, keras_init, programs):
     groups, lowered = _split(todo, programs), []
     for group in groups:  # tracing reads Keras's thread-local scopes: on this thread
         initialisers = [(v._initializer, v._shape, v._dtype) for v in group]
+        def initial_values(inits=initialisers):  # the programs' name in JAX's compile log
+            return [f(s, dtype=d) for f, s, d in inits]
         try:
-            lowered.append(jax.jit(lambda inits=initialisers: [f(s, dtype=d) for f, s, d in inits]).lower())
+            lowered.append(jax.jit(initial_values).lower())
         except Exception:  # e.g. an initialiser computing in NumPy
             lowered.append(None)
     with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
