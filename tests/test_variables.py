@@ -111,6 +111,49 @@ def test_batched_initialisers_match_keras_with_a_few_compiles(run_python):
     assert out["after_block_eager"] and out["class_restored"] and out["restored_after_error"], out
 
 
+# A Python API user's fit on JAX, in a fresh process: the optimizer's variables, which UniCLR.fit builds
+# before Keras's loop, come from a batched program too. Prints one JSON line.
+FIT_ON_JAX = r"""
+import json, logging, re
+import jax
+jax.config.update("jax_log_compiles", True)
+jax.config.update("jax_enable_compilation_cache", False)
+import keras
+import numpy as np
+import uniclr_tf
+
+phase, compiles = ["build"], []
+
+class Record(logging.Handler):
+    def emit(self, record):
+        found = re.search(r"Finished XLA compilation of (\S+) in", record.getMessage())
+        if found:
+            compiles.append([phase[0], found.group(1)])
+
+logging.getLogger("jax").addHandler(Record(level=logging.DEBUG))
+keras.utils.set_random_seed(0)
+model = uniclr_tf.UniCLR(uniclr_tf.build_encoder("tiny", (16, 16, 1), width=8), method="simaffinity",
+                         projector_dims=(32, 16),
+                         augmenter=uniclr_tf.ViewAugmenter.from_recipe("uniclr", (16, 16, 1), seed=1))
+model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
+phase[0] = "fit"
+model.fit(np.random.default_rng(0).integers(0, 255, (64, 16, 16, 1), dtype="uint8"), batch_size=32, epochs=1,
+          verbose=0)
+print(json.dumps({"compiles": compiles, "optimizer_variables": len(model.optimizer.variables)}))
+"""
+
+
+def test_fit_builds_the_optimizer_from_batched_programs(run_python):
+    """On JAX, ``UniCLR.fit``'s build of the optimizer (one momentum per weight) is a batched program,
+    not an eager compile for each weight's shape; the builders before it batched theirs."""
+    out = run_python(FIT_ON_JAX, backend="jax")
+    in_fit = [name for phase, name in out["compiles"] if phase == "fit"]
+    built = [name for phase, name in out["compiles"] if phase == "build"]
+    assert out["optimizer_variables"] > 10, out
+    assert "jit(initial_values)" in in_fit and "jit(initial_values)" in built, out
+    assert "jit(broadcast_in_dim)" not in in_fit and "jit(broadcast_in_dim)" not in built, out
+
+
 def test_batched_initialisers_do_nothing_off_jax():
     """Off JAX the block changes nothing: a variable has its value as it is made."""
     if keras.backend.backend() == "jax":

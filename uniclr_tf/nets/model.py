@@ -23,7 +23,7 @@ from uniclr_tf import augment, methods, objectives  # noqa: F401 (augment: its l
 from uniclr_tf.config.errors import UsageError
 from uniclr_tf.config.train_config import VIEW_BATCH_NORMS
 from uniclr_tf.nets import encoders, heads  # noqa: F401 (encoders: their layers load with a model)
-from uniclr_tf.nets.variables import with_batched_initialisers
+from uniclr_tf.nets.variables import batched_initialisers, with_batched_initialisers
 from uniclr_tf.training import whole_batches
 from uniclr_tf.training.schedules import momentum_schedule
 from uniclr_tf.training.steps import train_step_mixin
@@ -527,7 +527,8 @@ class UniCLR(train_step_mixin(), keras.Model):
             return None
         optimizer = getattr(self, "optimizer", None)
         if optimizer is not None and not optimizer.built:  # (Keras would build it in the loop, unsaved)
-            optimizer.build(self.trainable_variables)
+            with batched_initialisers():  # its zeros from a few programs, not a compile for each shape
+                optimizer.build(self.trainable_variables)
         variables = self.variables + self.metrics_variables + (list(optimizer.variables) if optimizer else [])
         return [(v, getattr(v, "_value", None)) for v in variables], getattr(self, "_jax_state", None)
 

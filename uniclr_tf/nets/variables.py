@@ -2,12 +2,13 @@
 
 Keras on JAX computes each new variable's initial value when the variable is made: each initialiser runs
 as eager JAX operations, and XLA compiles a small program for every shape and distribution among them (a
-ResNet-18 with its heads and optimizer: about 60 programs, one after the other). On a GPU that is about 7
-seconds before training on every run that does not find them in the compilation cache.
+ResNet-18 with its heads and optimizer: about 60 programs, one after the other). On a GPU that is about
+7 seconds before training on every run that does not find them in the compilation cache.
 :func:`batched_initialisers` defers those initialisers while a model is built (the train CLI's model and
-optimizer; ``build_encoder`` and ``UniCLR`` always), then traces them into a few ``jax.jit`` programs and compiles those on several threads at once (XLA releases the GIL). A deferred
-variable read before the block ends gets the deferred values computed first, so code that copies weights
-during construction (an EMA target) sees the final values.
+optimizer; ``build_encoder``, ``UniCLR`` and the optimizer ``UniCLR.fit`` builds, always), then traces
+them into a few ``jax.jit`` programs and compiles those on several threads at once (XLA releases the
+GIL). A deferred variable read before the block ends gets the deferred values computed first, so code
+that copies weights during construction (an EMA target) sees the final values.
 """
 
 import contextlib
@@ -30,15 +31,15 @@ def with_batched_initialisers(function):
 def batched_initialisers(programs=None):
     """Within the block, new Keras variables on JAX take their initial values from a few compiled programs.
 
-    ``programs``: how many programs to split the initialisers into and compile at once (default: half
-    the CPU cores, at most 8; 1 makes one program; 0 keeps Keras's own initialisation, one compile
-    after another, for the builders inside the block too: a reference). The values are those of the same initialisers with
-    the same seeds as without the block: the random bits are the same, and a float transform may differ
-    in its last bit where XLA fuses it. They are computed when the block ends, or earlier when a deferred
-    variable is read outside a trace (``get_weights``, ``numpy()``, an operation on it); a variable
-    assigned before then keeps the assigned value. An initialiser that cannot be traced (one computing
-    in NumPy) runs as Keras runs it. In a nested block the outer one computes them. Another backend, or
-    Keras with Flax NNX variables: the block does nothing.
+    ``programs``: how many programs to split the initialisers into and compile at once (default: half the
+    CPU cores, at most 8; 1 makes one program; 0 keeps Keras's own initialisation, one compile after
+    another, for the builders inside the block too: a reference). The values are those of the same
+    initialisers with the same seeds as without the block: the random bits are the same, and a float
+    transform may differ in its last bit where XLA fuses it. They are computed when the block ends, or
+    earlier when a deferred variable is read outside a trace (``get_weights``, ``numpy()``, an operation on
+    it); a variable assigned before then keeps the assigned value. An initialiser that cannot be traced (one
+    computing in NumPy) runs as Keras runs it. In a nested block the outer one computes them. Another
+    backend, or Keras with Flax NNX variables: the block does nothing.
     """
     import keras
     if keras.backend.backend() != "jax" or keras.config.is_nnx_enabled():
