@@ -164,6 +164,26 @@ def run_python_snippets(*jobs):
             job.kill()
 
 
+# A JAX child's log of what XLA compiles: ``compiles`` gets ``[phase[0], name]`` for each compilation, in
+# order (``jit(train_step)`` -> ``train_step``); the child sets ``phase[0]`` as it goes. The persistent
+# compilation cache is off: the tests' shared cache would hide compiles.
+COMPILE_LOG = r"""
+import logging as _logging, re as _re
+import jax as _jax
+_jax.config.update("jax_log_compiles", True)
+_jax.config.update("jax_enable_compilation_cache", False)
+phase, compiles = ["build"], []
+
+class _Record(_logging.Handler):
+    def emit(self, record):
+        found = _re.search(r"Finished XLA compilation of (\S+) in", record.getMessage())
+        if found:
+            compiles.append([phase[0], _re.sub(r"^\w+\((.*)\)$", r"\1", found.group(1))])
+
+_logging.getLogger("jax").addHandler(_Record(level=_logging.DEBUG))
+"""
+
+
 # A child writes a file that another one, started at the same time, reads: written aside, then
 # renamed (``publish``), and awaited (``wait_for``).
 HANDOFF = r"""

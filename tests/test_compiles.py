@@ -11,6 +11,8 @@ happened in.
 
 import pytest
 
+from tests.conftest import COMPILE_LOG
+
 # Every program the fit of this run may compile (each once, in epoch 1), by its function's name:
 ALLOWED_IN_FIT = {
     "train_step",       # Keras's jitted train step (uniclr_tf.training.steps.jax_step)
@@ -27,26 +29,11 @@ ALLOWED_AFTER_FIT = {
 # Not in this run: on the host path of the kNN (streamed data, keras.distribution set) the monitor
 # compiles preprocess_batch, predict_step, similarity_top_k and effective_rank_tensor instead.
 
-SNIPPET = r"""
-import json, logging, re
-import jax
-jax.config.update("jax_log_compiles", True)
-jax.config.update("jax_enable_compilation_cache", False)  # the tests' shared cache would hide compiles
+SNIPPET = COMPILE_LOG + r"""
+import json
 import keras
 from absl import flags
 from uniclr_tf.training import cli as train
-
-phase = ["build"]
-compiles = []
-
-class Record(logging.Handler):
-    def emit(self, record):
-        found = re.search(r"Finished XLA compilation of (\S+) in", record.getMessage())
-        if found:
-            name = re.sub(r"^\w+\((.*)\)$", r"\1", found.group(1))  # jit(train_step) -> train_step
-            compiles.append([phase[0], name])
-
-logging.getLogger("jax").addHandler(Record(level=logging.DEBUG))
 
 fit, callbacks = keras.Model.fit, keras.callbacks.CallbackList
 begin, end = callbacks.on_epoch_begin, callbacks.on_epoch_end

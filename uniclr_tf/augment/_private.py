@@ -30,7 +30,6 @@ DynamicBackend = backend_utils.DynamicBackend
 no_automatic_dependency_tracking = tracking.no_automatic_dependency_tracking
 
 
-
 def jax_variables():
     """``(JaxVariable, should_shard_at_init(layout, shape), in_stateless_scope(), in_jax_trace())``."""
     from keras.src.backend.common.stateless_scope import in_stateless_scope

@@ -2,8 +2,9 @@
 
 Keras on JAX computes each new variable's initial value when the variable is made: each initialiser runs
 as eager JAX operations, and XLA compiles a small program for every shape and distribution among them (a
-ResNet-18 with its heads and optimizer: about 60 programs, one after the other). On a GPU that is about
-7 seconds before training on every run that does not find them in the compilation cache.
+ResNet-18 with its heads and optimizer: about 60 programs, one after the other). On an H200 that is about
+8 seconds before training on every run that does not find them in the compilation cache
+(docs/results/speed.md).
 :func:`batched_initialisers` defers those initialisers while a model is built (the train CLI's model and
 optimizer; ``build_encoder``, ``UniCLR`` and the optimizer ``UniCLR.fit`` builds, always), then traces
 them into a few ``jax.jit`` programs and compiles those on several threads at once (XLA releases the
