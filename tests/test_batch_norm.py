@@ -138,6 +138,124 @@ def test_one_pass_gradient_matches_finite_differences_of_the_reference(groups):
     assert np.abs(dx).max() > 1e-2  # not a vanishing gradient that any tolerance would pass
 
 
+def _loss_gradients(layer, x, weights, after=lambda y: y):
+    """d sum(weights * after(layer(x, training=True))) / d(x, gamma, beta) by the backend's autodiff."""
+    w = np.asarray(weights, "float32")
+    if keras.backend.backend() == "jax":
+        import jax
+
+        def loss(x, gamma, beta):
+            y, _ = layer.stateless_call([gamma, beta], [v.value for v in layer.non_trainable_variables], x,
+                                        training=True)
+            return (after(y).astype("float32") * w).sum()
+
+        grads = jax.grad(loss, argnums=(0, 1, 2))(x, layer.gamma.value, layer.beta.value)
+        return [np.asarray(g, np.float64) for g in grads]
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip(f"no gradient helper for the {keras.backend.backend()} backend")
+    import tensorflow as tf
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        loss = tf.reduce_sum(tf.cast(after(layer(xt, training=True)), tf.float32) * w)
+    return [g.numpy().astype(np.float64) for g in tape.gradient(loss, [xt, layer.gamma, layer.beta])]
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_batch_norm_with_its_relu_matches_the_reference_and_the_two_layers(groups):
+    """``relu=True`` (one-pass batch norm and the ReLU after it as one layer, as the builders make them): the
+    output is the ReLU of the float64 reference in training and of Keras' batch norm in inference; the
+    hand-written gradient, which applies the ReLU's mask itself, is central differences of the reference
+    and the backend's autodiff through the one-pass layer and a separate ReLU, in float32 and under
+    mixed_bfloat16 (the mask rounded as the forward rounds it)."""
+    rng = np.random.default_rng(3)
+    x = (rng.normal(size=(6, 2, 2, 3)) * np.arange(1, 4) + 1.5).astype("float32")
+    weights = rng.normal(size=x.shape)
+    gamma, beta = rng.normal(size=3).astype("float32"), rng.normal(size=3).astype("float32")
+    normalised = reference(x, groups, gamma, beta)[0]
+    assert np.abs(normalised).min() > 1e-3 and 0.2 < (normalised > 0).mean() < 0.8  # both sides, none at the kink
+
+    def layer(relu, dtype="float32"):
+        bn = GroupBatchNormalization(groups=groups, one_pass=True, relu=relu, epsilon=1e-5, dtype=dtype)
+        bn.build(x.shape)
+        bn.gamma.assign(gamma)
+        bn.beta.assign(beta)
+        return bn
+
+    fused = layer(True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(fused(x, training=True)), np.maximum(normalised, 0),
+                               rtol=1e-4, atol=1e-4)
+    plain = keras.layers.BatchNormalization(epsilon=1e-5)
+    plain.build(x.shape)
+    plain.set_weights(fused.get_weights())
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(fused(x, training=False)),
+                               keras.ops.convert_to_numpy(keras.ops.relu(plain(x, training=False))), atol=1e-6)
+    assert GroupBatchNormalization.from_config(fused.get_config()).relu
+
+    def reference_loss(v, g, b):
+        return float(np.sum(np.maximum(reference(v, groups, g, b)[0], 0) * weights))
+
+    def numeric(f, value, h=1e-5):
+        grad = np.zeros_like(value, np.float64)
+        for i in np.ndindex(value.shape):
+            up, down = value.astype(np.float64), value.astype(np.float64)
+            up[i] += h
+            down[i] -= h
+            grad[i] = (f(up) - f(down)) / (2 * h)
+        return grad
+
+    dx, dgamma, dbeta = _loss_gradients(fused, x, weights)
+    np.testing.assert_allclose(dx, numeric(lambda v: reference_loss(v, gamma, beta), x), rtol=2e-3, atol=2e-4)
+    np.testing.assert_allclose(dgamma, numeric(lambda v: reference_loss(x, v, beta), gamma), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dbeta, numeric(lambda v: reference_loss(x, gamma, v), beta), rtol=1e-4, atol=1e-4)
+    assert np.abs(dx).max() > 1e-2 and (dx == 0).mean() < 0.5
+
+    for dtype, tol in (("float32", 1e-6), ("mixed_bfloat16", 1e-6)):
+        one, two = layer(True, dtype), layer(False, dtype)
+        xd = keras.ops.cast(x, one.compute_dtype)
+        ours = _loss_gradients(one, xd, weights)
+        separate = _loss_gradients(two, xd, weights, after=keras.ops.relu)
+        for a, b in zip(ours, separate):
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=dtype)
+
+
+def test_one_pass_builders_take_in_the_relu_after_a_batch_norm_with_the_same_weights(tmp_path):
+    """With one-pass batch norm (the JAX default) the builders make each batch norm that a ReLU follows and
+    that ReLU one layer: ResNet-18's stem and each block's first, the tiny encoder's, the projector's
+    hidden ones (a block's last batch norm meets the shortcut before its ReLU and stays alone). The weights
+    are the two-layer build's, in the same order and under the same names, so a weights file of either
+    loads into the other; both give the same features, in training and inference, and the same gradients."""
+    from uniclr_tf.nets import heads
+
+    class TwoLayers(encoders.BatchNorm):
+        fuses_relu = False
+
+    def with_relu(model):
+        return [layer.name for layer in model.layers if getattr(layer, "relu", False)]
+
+    rng = np.random.default_rng(4)
+    builds = {"resnet18": lambda norm: encoders.build_encoder("resnet18", (12, 12, 1), width=4, norm=norm),
+              "tiny": lambda norm: encoders.build_encoder("tiny", (12, 12, 1), width=4, norm=norm),
+              "projector": lambda norm: heads.projector(8, (16, 16, 4), norm=norm)}
+    expected = {"resnet18": ["stem_bn"] + [f"stage{s}_block{b}_bn1" for s in range(1, 5) for b in (1, 2)],
+                "tiny": None, "projector": ["projector_bn1", "projector_bn2"]}
+    for name, build in builds.items():
+        fused, two = build(encoders.BatchNorm(one_pass=True)), build(TwoLayers(one_pass=True))
+        relus = [layer for layer in two.layers if isinstance(layer, keras.layers.ReLU)]
+        assert with_relu(fused) == (expected[name] or [f"bn{i + 1}" for i in range(len(with_relu(fused)))])
+        assert len(with_relu(fused)) >= 2 and not with_relu(two)
+        assert len(two.layers) - len(fused.layers) == len(with_relu(fused)) <= len(relus), name
+        assert [v.path for v in fused.weights] == [v.path for v in two.weights], name
+        two.save_weights(tmp_path / f"{name}.weights.h5")
+        fused.load_weights(tmp_path / f"{name}.weights.h5")
+        shape = (8, 8) if name == "projector" else (8, 12, 12, 1)
+        x = rng.normal(size=shape).astype("float32")
+        for training in (False, True):
+            np.testing.assert_allclose(keras.ops.convert_to_numpy(fused(x, training=training)),
+                                       keras.ops.convert_to_numpy(two(x, training=training)),
+                                       rtol=1e-5, atol=1e-5, err_msg=f"{name} training={training}")
+
+
 def test_group_batch_norm_config_context_and_errors():
     grouped = encoders.BatchNorm(groups=4)(name="bn")
     plain = encoders.BatchNorm()(name="bn")

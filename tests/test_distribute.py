@@ -236,8 +236,8 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_resumes_and_equ
     processes stop at the step they agree on through the coordinator (process 1's step + the margin),
     neither waits for the other for ever, both exit 143 (process 0 saves the backup); the same command,
     through ``python -m uniclr_tf.launch`` (which starts the processes itself), resumes. The job ends with
-    one continuous history, and with the same losses, kNN and weights as 1 process with 2 devices trained
-    without a stop (run at the same time): the global gather, the sync BN, each process's half of the
+    one continuous history, and with the same losses and weights (kNN to one test image) as 1 process with
+    2 devices trained without a stop (run at the same time): the global gather, the sync BN, each process's half of the
     batch and the resume all agree. Without the agreement (or with a margin of 3 steps) process 0 went on
     stepping and the job hung until killed."""
     import json
@@ -284,8 +284,12 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_resumes_and_equ
     # The epoch the stop fell in averages only its steps after the resume; every other epoch is whole.
     whole = [i for i in range(7) if i + 1 != stopped_in or step % 20 == 0]
     np.testing.assert_allclose([two[i]["loss"] for i in whole], [one[i]["loss"] for i in whole], rtol=1e-5)
-    assert [e.get("knn_top1") for e in two] == [e.get("knn_top1") for e in one]
-    assert sum("knn_top1" in e for e in one) == 2
+    # The weights, batch-norm statistics and losses are bit-identical; the kNN monitor's features come from each
+    # layout's own compiled inference program, and a near-tie may fall the other way: at most one test image of
+    # the 512 apart (one epoch of seven was, in one trajectory, with the job's weights equal to the last bit).
+    knn_two, knn_one = ([e.get("knn_top1") for e in h] for h in (two, one))
+    assert [k is None for k in knn_two] == [k is None for k in knn_one] and sum(k is not None for k in knn_one) == 2
+    assert all(abs(a - b) <= 1 / 512 + 1e-9 for a, b in zip(knn_two, knn_one) if a is not None), (knn_two, knn_one)
     _assert_same_weights(tmp_path / "one" / "model.weights.h5", tmp_path / "job" / "model.weights.h5")
 
 

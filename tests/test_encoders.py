@@ -168,7 +168,8 @@ def test_hub_resnet18_builds_saves_reloads_and_clones(tmp_path):
 def test_other_libraries_backbones_follow_the_batch_norm_option(name):
     """Keras Hub's and keras.applications' ResNet-50: built with a grouped or one-pass ``BatchNorm`` factory
     (``--batch_norm=per_device`` or ``global_one_pass`` on JAX) every batch norm becomes a
-    GroupBatchNormalization with that setting, as in our own backbones; with the plain one, Keras' own. 2048-d features either way."""
+    GroupBatchNormalization with that setting, as in our own backbones; with the plain one, Keras' own. 2048-d features either way.
+    One-pass batch norms take in the ReLU after them and compute the same features."""
     if name.startswith("hub_"):
         pytest.importorskip("keras_hub")
     plain = encoders.build_encoder(name, (64, 64, 3))
@@ -182,6 +183,15 @@ def test_other_libraries_backbones_follow_the_batch_norm_option(name):
     assert all(b.groups == 1 and b.one_pass for b in _batch_norms(one_pass))
     assert [b.epsilon for b in _batch_norms(grouped)] == [b.epsilon for b in _batch_norms(plain)]
     assert grouped.count_params() == plain.count_params()
+    # one-pass batch norm takes in the ReLU after it (the stem's and each bottleneck's first two): the same
+    # function with the same weights, in the same order, one layer fewer each
+    fused = [b.name for b in _batch_norms(one_pass) if b.relu]
+    assert len(fused) == 33 and not any(getattr(b, "relu", False) for b in _batch_norms(grouped))
+    assert len(plain.layers) - len(one_pass.layers) == 33
+    plain.set_weights(one_pass.get_weights())
+    images = _images(64, 3)
+    np.testing.assert_allclose(np.asarray(one_pass(images, training=False)), np.asarray(plain(images, training=False)),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_convolution_biases_that_batch_norm_cancels_are_dropped():

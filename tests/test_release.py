@@ -85,23 +85,30 @@ def _write_metrics(run, **changes):
 
 def _grouped_encoder(run):
     """encoder.keras of ``run`` rewritten with GroupBatchNormalization (groups=2) and synchronized BN
-    layers, one of two each, same weights: what --batch_norm=per_device / MirroredStrategy runs save."""
+    layers, one of two each, same weights: what --batch_norm=per_device / MirroredStrategy runs save;
+    each grouped one takes in the ReLU after it (``relu=True``), as one-pass batch norm on JAX does."""
     from uniclr_tf.nets.norm import GroupBatchNormalization
     encoder = keras.saving.load_model(run / "encoder.keras", compile=False)
-    seen = []
+    names = {layer.name for layer in encoder.layers}
+    seen, fused = [], set()
 
     def swap(layer):
         config = layer.get_config()
         if isinstance(layer, keras.layers.BatchNormalization):
             seen.append(layer.name)
             if len(seen) % 2:
-                return GroupBatchNormalization.from_config({**config, "groups": 2})
+                relu = layer.name.replace("bn", "relu")  # the tiny encoder's bn{i} -> relu{i}
+                fused.update({relu} & names)
+                return GroupBatchNormalization.from_config({**config, "groups": 2, "relu": relu in names})
             return keras.layers.BatchNormalization.from_config({**config, "synchronized": True})
         return layer.__class__.from_config(config)
 
-    grouped = keras.models.clone_model(encoder, clone_function=swap)
+    def call(layer, *args, **kwargs):
+        return args[0] if layer.name in fused else layer(*args, **kwargs)
+
+    grouped = keras.models.clone_model(encoder, clone_function=swap, call_function=call)
     grouped.set_weights(encoder.get_weights())
-    assert len(seen) >= 2, seen
+    assert len(seen) >= 2 and fused and not fused & {layer.name for layer in grouped.layers}, (seen, fused)
     (run / "encoder.keras").unlink()
     grouped.save(run / "encoder.keras")
 
@@ -260,6 +267,7 @@ def test_group_and_synchronized_batch_norm_are_released_as_plain_batch_norm(rele
 
     source = keras_config(released.grouped / "encoder.keras")
     assert "GroupBatchNormalization" in source and '"synchronized": true' in source  # what needed replacing
+    assert '"relu": true' in source
     text = keras_config(out / "backbone.keras")
     assert "uniclr_tf" not in text and '"synchronized": true' not in text and "GroupBatchNormalization" not in text
     want, _ = _reference(released.run, released.images)  # the same weights as the plain run

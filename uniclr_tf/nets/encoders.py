@@ -12,7 +12,7 @@ import keras
 from keras import layers, ops
 
 from uniclr_tf.config.errors import UsageError
-from uniclr_tf.nets.norm import BatchNorm, GroupBatchNormalization, as_norm  # noqa: F401
+from uniclr_tf.nets.norm import BatchNorm, GroupBatchNormalization, as_norm, batch_norm_relu  # noqa: F401
 from uniclr_tf.nets.pooling import max_pooling_2d, with_gather_max_pool
 from uniclr_tf.nets.variables import with_batched_initialisers
 
@@ -28,8 +28,7 @@ def _basic_block(x, filters, stride, norm, name):
     shortcut = x
     y = layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False,
                       kernel_initializer="he_normal", name=f"{name}_conv1")(x)
-    y = norm(name=f"{name}_bn1")(y)
-    y = layers.ReLU(name=f"{name}_relu1")(y)
+    y = batch_norm_relu(norm, y, f"{name}_bn1", f"{name}_relu1")
     y = layers.Conv2D(filters, 3, padding="same", use_bias=False,
                       kernel_initializer="he_normal", name=f"{name}_conv2")(y)
     y = norm(name=f"{name}_bn2")(y)
@@ -57,8 +56,7 @@ def resnet18_cifar(input_shape=(32, 32, 3), width=64, norm=None, name="resnet18"
     else:
         x = layers.Conv2D(width, 3, padding="same", use_bias=False, kernel_initializer="he_normal",
                           name="stem_conv")(inputs)
-    x = norm(name="stem_bn")(x)
-    x = layers.ReLU(name="stem_relu")(x)
+    x = batch_norm_relu(norm, x, "stem_bn", "stem_relu")
     if stem == "imagenet":
         x = max_pooling_2d(3, strides=2, padding="same", name="stem_pool")(x)
     for stage, mult in enumerate((1, 2, 4, 8)):
@@ -79,8 +77,7 @@ def tiny_encoder(input_shape=(28, 28, 1), width=16, norm=None, name="tiny", stag
     for i, (mult, stride) in enumerate(stages or ((1, 1), (2, 2), (4, 2))):
         x = layers.Conv2D(width * mult, 3, strides=stride, padding="same", use_bias=False,
                           kernel_initializer="he_normal", name=f"conv{i + 1}")(x)
-        x = norm(name=f"bn{i + 1}")(x)
-        x = layers.ReLU(name=f"relu{i + 1}")(x)
+        x = batch_norm_relu(norm, x, f"bn{i + 1}", f"relu{i + 1}")
     x = layers.GlobalAveragePooling2D(name="pool")(x)
     return keras.Model(inputs, x, name=name)
 
@@ -104,7 +101,8 @@ def resnet50(input_shape=(224, 224, 3), norm=None, name="resnet50"):
 def with_our_layers(model, norm=None):
     """``model`` (functional) with each ``BatchNormalization`` rebuilt by the factory ``norm``
     (:class:`~uniclr_tf.nets.norm.BatchNorm`), its own momentum and epsilon kept, so a backbone built by
-    another library follows ``--batch_norm`` as ours do; on JAX each Keras ``MaxPooling2D`` as
+    another library follows ``--batch_norm`` as ours do (a batch norm and the ReLU after it as one layer
+    where the factory fuses them, :func:`relus_after_batch_norms`); on JAX each Keras ``MaxPooling2D`` as
     :class:`~uniclr_tf.nets.pooling.MaxPooling2D` (the same pooling, a cheaper gradient); and each
     convolution whose bias the batch norm after it cancels (:func:`cancelled_biases`) without that bias,
     as torchvision's ResNets are. Returns ``model`` itself when nothing changes. The weights are new
@@ -114,18 +112,53 @@ def with_our_layers(model, norm=None):
     unbiased = cancelled_biases(model)
     if norm.plain and not pools and not unbiased:
         return model
+    fused = relus_after_batch_norms(model) if getattr(norm, "fuses_relu", False) else {}
+    taken_in = set(fused.values())
 
     def clone_fn(layer):
         cfg = layer.get_config()
         if isinstance(layer, layers.BatchNormalization) and not norm.plain:
             for key in ("synchronized", *GroupBatchNormalization.TRAINING_OPTIONS):
                 cfg.pop(key, None)
+            if cfg.pop("relu", False) or layer.name in fused:
+                if not getattr(norm, "fuses_relu", False):
+                    raise ValueError(f"{layer.name}: a batch norm with its ReLU in one layer; {norm!r} makes "
+                                     "batch norms without one")
+                cfg["relu"] = True
             return norm(**cfg)
         if layer.name in unbiased:
             return layer.__class__.from_config({**cfg, "use_bias": False})
         return (pools and with_gather_max_pool(layer)) or layer.__class__.from_config(cfg)
 
-    return keras.models.clone_model(model, clone_function=clone_fn)
+    def call_fn(layer, *args, **kwargs):  # a ReLU taken into the batch norm before it is left out
+        return args[0] if layer.name in taken_in else layer(*args, **kwargs)
+
+    return keras.models.clone_model(model, clone_function=clone_fn, call_function=call_fn if fused else None)
+
+
+def relus_after_batch_norms(model):
+    """``{batch norm name: ReLU name}`` for each ``BatchNormalization`` of ``model`` (functional) whose output
+    only a plain ReLU reads (a ``ReLU`` layer with its defaults or ``Activation("relu")``), called once each,
+    the batch norm's output not one of the model's: the pairs :func:`with_our_layers` makes one layer
+    (:func:`~uniclr_tf.nets.norm.batch_norm_relu`) when the factory fuses them."""
+    outputs = {id(t) for t in keras.tree.flatten(model.outputs)}
+    pairs = {}
+    for layer in model.layers:
+        if not isinstance(layer, layers.BatchNormalization) or len(layer._inbound_nodes) != 1:
+            continue
+        if any(id(t) in outputs for t in layer._inbound_nodes[0].outputs):
+            continue
+        consumers = [node.operation for node in layer._outbound_nodes]
+        if len(consumers) == 1 and _is_plain_relu(consumers[0]) and len(consumers[0]._inbound_nodes) == 1:
+            pairs[layer.name] = consumers[0].name
+    return pairs
+
+
+def _is_plain_relu(layer):
+    if type(layer) is layers.ReLU:
+        return (layer.max_value is None and float(layer.negative_slope) == 0.0
+                and float(layer.threshold) == 0.0)
+    return type(layer) is layers.Activation and layer.activation is keras.activations.relu
 
 
 def cancelled_biases(model):

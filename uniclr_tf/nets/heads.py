@@ -11,7 +11,7 @@ linear layer to K outputs (:class:`WeightNormDense`).
 import keras
 from keras import layers, ops
 
-from uniclr_tf.nets.norm import as_norm
+from uniclr_tf.nets.norm import as_norm, batch_norm_relu
 
 
 def mlp_head(input_dim, dims, last_bn=True, norm=None, name="head"):
@@ -29,8 +29,7 @@ def mlp_head(input_dim, dims, last_bn=True, norm=None, name="head"):
     x = inputs
     for i, d in enumerate(dims[:-1]):
         x = layers.Dense(d, use_bias=False, name=f"{name}_dense{i + 1}")(x)
-        x = norm(name=f"{name}_bn{i + 1}")(x)
-        x = layers.ReLU(name=f"{name}_relu{i + 1}")(x)
+        x = batch_norm_relu(norm, x, f"{name}_bn{i + 1}", f"{name}_relu{i + 1}")
     last = len(dims)
     x = layers.Dense(dims[-1], use_bias=not last_bn, name=f"{name}_dense{last}")(x)
     if last_bn:

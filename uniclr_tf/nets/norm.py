@@ -10,7 +10,9 @@
 * ``BatchNorm(groups=G)``: :class:`GroupBatchNormalization`, per-device statistics over G slices;
 * ``BatchNorm(one_pass=True)``: :class:`GroupBatchNormalization` with one-pass statistics.
 
-:meth:`BatchNorm.for_run` maps ``--batch_norm`` and the number of devices to one of these.
+:meth:`BatchNorm.for_run` maps ``--batch_norm`` and the number of devices to one of these. The builders put
+each batch norm that a ReLU follows through :func:`batch_norm_relu`, which makes the two one layer where the
+factory's batch norm has a hand-written backward (one-pass statistics).
 """
 
 import keras
@@ -50,6 +52,12 @@ class BatchNorm:
                    one_pass=mode in ("global_one_pass", "per_device") and on_jax)
 
     @property
+    def fuses_relu(self):
+        """Whether :func:`batch_norm_relu` makes a batch norm and the ReLU after it one layer: with one-pass
+        statistics, whose hand-written backward then takes the ReLU's gradient too."""
+        return self.one_pass
+
+    @property
     def plain(self):
         """Whether the layers are Keras' own unsynchronised ``BatchNormalization``."""
         return self.groups == 1 and not self.one_pass and not self.synchronized
@@ -70,6 +78,18 @@ def as_norm(norm):
     return BatchNorm() if norm is None else norm
 
 
+def batch_norm_relu(norm, x, name, relu_name):
+    """``ReLU(batch norm(x))`` in a functional model: the factory ``norm``'s layer named ``name``, then a
+    ``ReLU`` named ``relu_name``; or, where the factory fuses them (:attr:`BatchNorm.fuses_relu`), one
+    :class:`GroupBatchNormalization` with ``relu=True`` named ``name``. The same function and the same
+    weights. Fused, training's backward reads the ReLU's mask in batch norm's two passes instead of
+    writing the ReLU's gradient out in a pass of its own (about 2 % of the 28 px ResNet-18 step on an
+    NVIDIA H200)."""
+    if getattr(norm, "fuses_relu", False):
+        return norm(name=name, relu=True)(x)
+    return layers.ReLU(name=relu_name)(norm(name=name)(x))
+
+
 @keras.saving.register_keras_serializable(package="uniclr_tf")
 class GroupBatchNormalization(layers.BatchNormalization):
     """Batch norm whose training statistics are those of ``groups`` equal, contiguous slices of the
@@ -83,6 +103,9 @@ class GroupBatchNormalization(layers.BatchNormalization):
     backbone evaluates the same on any number of devices. Channels must be the last axis; the batch
     must split into ``groups`` equal slices.
 
+    ``relu=True`` applies a ReLU to the output, in training and inference: batch norm and the ReLU after
+    it as one layer (:func:`batch_norm_relu`), whose one-pass backward takes the ReLU's gradient too.
+
     ``one_pass=True`` takes the training statistics in one pass, E[x] and E[x²] as two independent
     reductions of the input (variance = E[x²] − E[x]², clipped at 0, in float32 as PyTorch's
     SyncBatchNorm does), instead of Keras's mean then the mean of squared deviations: with
@@ -95,17 +118,18 @@ class GroupBatchNormalization(layers.BatchNormalization):
     #: is plain batch norm (``tools.release`` drops them to make a portable copy).
     TRAINING_OPTIONS = ("groups", "one_pass")
 
-    def __init__(self, groups=1, one_pass=False, **kwargs):
+    def __init__(self, groups=1, one_pass=False, relu=False, **kwargs):
         super().__init__(**kwargs)
         if int(groups) < 1:
             raise ValueError(f"groups must be >= 1; received {groups!r}")
         self.groups = int(groups)
         self.one_pass = bool(one_pass)
+        self.relu = bool(relu)
 
     def call(self, inputs, training=None, mask=None):
         plain = self.groups == 1 and not self.one_pass
         if plain or not (training and self.trainable) or mask is not None or self.renorm:
-            return super().call(inputs, training=training, mask=mask)
+            return self._activation(super().call(inputs, training=training, mask=mask))
         if self.axis not in (-1, len(inputs.shape) - 1):
             raise ValueError(f"{self.name}: GroupBatchNormalization needs channels last; axis={self.axis}")
         batch = inputs.shape[0]
@@ -123,7 +147,10 @@ class GroupBatchNormalization(layers.BatchNormalization):
             out = out * ops.cast(self.gamma, x.dtype)
         if self.center:
             out = out + ops.cast(self.beta, x.dtype)
-        return ops.cast(ops.reshape(out, ops.shape(x)), self.compute_dtype)
+        return self._activation(ops.cast(ops.reshape(out, ops.shape(x)), self.compute_dtype))
+
+    def _activation(self, out):
+        return ops.relu(out) if self.relu else out
 
     def _update_moving_statistics(self, mean, variance):
         """The moving mean and variance follow the mean over groups of the batch's ``[G, 1, ..., C]``
@@ -140,7 +167,8 @@ class GroupBatchNormalization(layers.BatchNormalization):
 
         With the batch sharded over devices each pair becomes one combined all-reduce; on one device each
         pair is one pass over the activation. The backward recomputes x̂ from the input in its own dtype
-        (bfloat16 under mixed precision) rather than keeping a float32 copy."""
+        (bfloat16 under mixed precision) rather than keeping a float32 copy; with ``relu`` it applies the
+        ReLU and takes its gradient too."""
         grouped = ops.reshape(inputs, (self.groups, -1) + tuple(inputs.shape[1:]))
         axes = tuple(range(1, len(grouped.shape) - 1))
         channels = grouped.shape[-1]
@@ -153,30 +181,44 @@ class GroupBatchNormalization(layers.BatchNormalization):
         inv_std = ops.rsqrt(variance + self.epsilon)
         gamma = ops.cast(self.gamma, ftype) if self.scale else ops.ones((channels,), ftype)
         beta = ops.cast(self.beta, ftype) if self.center else ops.zeros((channels,), ftype)
-        out = _normalise(grouped, gamma, beta, mean, inv_std, axes, self.compute_dtype)
+        out = _normalise(grouped, gamma, beta, mean, inv_std, axes, self.compute_dtype, relu=self.relu)
         return ops.reshape(out, ops.shape(inputs))
 
     def get_config(self):
-        return {**super().get_config(), **{key: getattr(self, key) for key in self.TRAINING_OPTIONS}}
+        return {**super().get_config(), **{key: getattr(self, key) for key in self.TRAINING_OPTIONS},
+                "relu": self.relu}
 
 
-def _normalise(x, gamma, beta, mean, inv_std, axes, dtype):
+def _normalise(x, gamma, beta, mean, inv_std, axes, dtype, relu=False):
     """``(x - mean) · inv_std · gamma + beta`` in the statistics' dtype (float32 for bfloat16 x), cast to
-    ``dtype``, with the batch-norm gradient written out: for g the output's gradient and x̂ the
-    normalised x (n elements per channel over ``axes``), dx = gamma · inv_std · (g − Σg / n − x̂ · Σ(g·x̂)
-    / n), dgamma = Σ(g·x̂), dbeta = Σg. That is the gradient through the batch's mean and variance too,
-    so ``mean`` and ``inv_std`` (computed from x) get none of their own."""
+    ``dtype`` (then, with ``relu``, the ReLU), with the batch-norm gradient written out: for g the
+    output's gradient and x̂ the normalised x (n elements per channel over ``axes``), dx = gamma · inv_std
+    · (g − Σg / n − x̂ · Σ(g·x̂) / n), dgamma = Σ(g·x̂), dbeta = Σg. That is the gradient through the
+    batch's mean and variance too, so ``mean`` and ``inv_std`` (computed from x) get none of their own.
+
+    With ``relu``, g is the ReLU's gradient: the output's where the normalised value (rounded to
+    ``dtype`` as the forward rounds it) is positive, else 0. It is formed twice, a product for the sums
+    and a select for dx: XLA then writes the 1-byte mask beside the forward's output and both passes
+    read it, instead of writing g out (2 bytes an element) in a pass of its own, as it does for the
+    gradient of a separate ReLU layer."""
 
     @ops.custom_gradient
     def normalise(x, gamma, beta, mean, inv_std):
         y = ops.cast((ops.cast(x, mean.dtype) - mean) * inv_std * gamma + beta, dtype)
+        if relu:
+            y = ops.maximum(y, ops.zeros((), dtype))
 
         def grad(*args, upstream=None):
             g = ops.cast(args[0] if upstream is None else upstream, mean.dtype)
             x_hat = (ops.cast(x, mean.dtype) - mean) * inv_std
-            mean_g = ops.mean(g, axis=axes, keepdims=True)
-            mean_gx = ops.mean(g * x_hat, axis=axes, keepdims=True)
-            dx = (gamma * inv_std) * (g - mean_g - x_hat * mean_gx)
+            g_sums = g_dx = g
+            if relu:
+                live = ops.cast(x_hat * gamma + beta, dtype) > 0
+                g_sums = g * ops.cast(live, mean.dtype)
+                g_dx = ops.where(live, g, ops.zeros((), mean.dtype))
+            mean_g = ops.mean(g_sums, axis=axes, keepdims=True)
+            mean_gx = ops.mean(g_sums * x_hat, axis=axes, keepdims=True)
+            dx = (gamma * inv_std) * (g_dx - mean_g - x_hat * mean_gx)
             count = ops.cast(ops.size(g) // ops.size(mean_g), mean.dtype)  # elements per channel and group
             channels = ops.shape(gamma)[0]
             dgamma = ops.sum(ops.reshape(mean_gx, (-1, channels)), axis=0) * count

@@ -152,10 +152,11 @@ def _needs_plain_pool(layer):
 def portable_backbone(encoder):
     """``(backbone, replaced)``: ``encoder`` with its batch-norm layers of a subclass (e.g.
     :class:`uniclr_tf.nets.encoders.GroupBatchNormalization`) or with ``synchronized=True`` (TF only) rebuilt
-    as plain ``keras.layers.BatchNormalization`` with the same weights, and its
-    :class:`uniclr_tf.nets.pooling.MaxPooling2D` as Keras' own, so the saved file loads with plain Keras on
-    any backend; inference is unchanged (both batch norms are plain batch norm with the moving statistics at
-    ``training=False``; both poolings the same max). ``encoder`` itself when there is none (``replaced`` = 0)."""
+    as plain ``keras.layers.BatchNormalization`` with the same weights (one with ``relu=True`` followed by a
+    ``ReLU`` named after it), and its :class:`uniclr_tf.nets.pooling.MaxPooling2D` as Keras' own, so the
+    saved file loads with plain Keras on any backend; inference is unchanged (both batch norms are plain
+    batch norm with the moving statistics at ``training=False``; both poolings the same max). ``encoder``
+    itself when there is none (``replaced`` = 0)."""
     import keras
 
     from uniclr_tf.nets.norm import GroupBatchNormalization
@@ -163,11 +164,12 @@ def portable_backbone(encoder):
     replaced = sum(_needs_plain_bn(layer) or _needs_plain_pool(layer) for layer in _layers(encoder))
     if not replaced:
         return encoder, 0
+    relus = {layer.name for layer in _layers(encoder) if getattr(layer, "relu", False) is True}
 
     def plain(layer):
         config = layer.get_config()
         if _needs_plain_bn(layer):
-            for key in GroupBatchNormalization.TRAINING_OPTIONS:
+            for key in (*GroupBatchNormalization.TRAINING_OPTIONS, "relu"):
                 config.pop(key, None)
             config["synchronized"] = False
             return keras.layers.BatchNormalization.from_config(config)
@@ -175,8 +177,13 @@ def portable_backbone(encoder):
             return keras.layers.MaxPooling2D.from_config(config)
         return layer.__class__.from_config(config)
 
-    backbone = keras.models.clone_model(encoder, clone_function=plain, recursive=True)
-    old, new = _layers(encoder), _layers(backbone)
+    def call(layer, *args, **kwargs):
+        out = layer(*args, **kwargs)
+        return keras.layers.ReLU(name=f"{layer.name}_relu")(out) if layer.name in relus else out
+
+    backbone = keras.models.clone_model(encoder, clone_function=plain, call_function=call, recursive=True)
+    added = {f"{name}_relu" for name in relus}
+    old, new = _layers(encoder), [layer for layer in _layers(backbone) if layer.name not in added]
     if [layer.name for layer in old] != [layer.name for layer in new]:
         raise RuntimeError(f"the portable copy of the encoder has other layers than {ENCODER_FILE}")
     for src, dst in zip(old, new):
