@@ -77,8 +77,9 @@ def test_one_pass_statistics_match_the_reference(groups):
     assert GroupBatchNormalization.from_config(built.get_config()).one_pass
 
 
-def _gradients(layer, x, weights):
-    """d sum(weights * layer(x, training=True)) / d(x, gamma, beta), by the backend's own autodiff."""
+def _gradients(layer, x, weights, after=lambda y: y):
+    """d sum(weights * after(layer(x, training=True))) / d(x, gamma, beta), by the backend's own autodiff,
+    as float64 arrays."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
@@ -86,10 +87,10 @@ def _gradients(layer, x, weights):
         def loss(x, gamma, beta):
             y, _ = layer.stateless_call([gamma, beta], [v.value for v in layer.non_trainable_variables], x,
                                         training=True)
-            return (y * weights.astype("float32")).sum()
+            return (after(y).astype("float32") * weights.astype("float32")).sum()
 
         grads = jax.grad(loss, argnums=(0, 1, 2))(x, layer.gamma.value, layer.beta.value)
-        return tuple(np.asarray(g) for g in grads)
+        return tuple(np.asarray(g, np.float64) for g in grads)
     if backend != "tensorflow":
         pytest.skip(f"no gradient helper for the {backend} backend")
     import tensorflow as tf
@@ -97,8 +98,19 @@ def _gradients(layer, x, weights):
     xt = tf.constant(x)
     with tf.GradientTape() as tape:
         tape.watch(xt)
-        loss = tf.reduce_sum(tf.cast(layer(xt, training=True), tf.float64) * weights)
-    return tuple(g.numpy() for g in tape.gradient(loss, [xt, layer.gamma, layer.beta]))
+        loss = tf.reduce_sum(tf.cast(after(layer(xt, training=True)), tf.float64) * weights)
+    return tuple(g.numpy().astype(np.float64) for g in tape.gradient(loss, [xt, layer.gamma, layer.beta]))
+
+
+def _central_differences(f, value, h=1e-5):
+    """d f / d value by central differences in float64."""
+    grad = np.zeros_like(value, np.float64)
+    for i in np.ndindex(value.shape):
+        up, down = value.astype(np.float64), value.astype(np.float64)
+        up[i] += h
+        down[i] -= h
+        grad[i] = (f(up) - f(down)) / (2 * h)
+    return grad
 
 
 def _reference_loss(x, weights, groups, gamma, beta):
@@ -120,45 +132,13 @@ def test_one_pass_gradient_matches_finite_differences_of_the_reference(groups):
     layer.beta.assign(beta.astype("float32"))
     dx, dgamma, dbeta = _gradients(layer, x, weights)
 
-    def numeric(f, value, h=1e-5):
-        grad = np.zeros_like(value, np.float64)
-        for i in np.ndindex(value.shape):
-            up, down = value.astype(np.float64), value.astype(np.float64)
-            up[i] += h
-            down[i] -= h
-            grad[i] = (f(up) - f(down)) / (2 * h)
-        return grad
-
-    np.testing.assert_allclose(dx, numeric(lambda v: _reference_loss(v, weights, groups, gamma, beta), x),
+    np.testing.assert_allclose(dx, _central_differences(lambda v: _reference_loss(v, weights, groups, gamma, beta), x),
                                rtol=2e-3, atol=2e-4)
-    np.testing.assert_allclose(dgamma, numeric(lambda v: _reference_loss(x, weights, groups, v, beta), gamma),
+    np.testing.assert_allclose(dgamma, _central_differences(lambda v: _reference_loss(x, weights, groups, v, beta), gamma),
                                rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(dbeta, numeric(lambda v: _reference_loss(x, weights, groups, gamma, v), beta),
+    np.testing.assert_allclose(dbeta, _central_differences(lambda v: _reference_loss(x, weights, groups, gamma, v), beta),
                                rtol=1e-4, atol=1e-4)
     assert np.abs(dx).max() > 1e-2  # not a vanishing gradient that any tolerance would pass
-
-
-def _loss_gradients(layer, x, weights, after=lambda y: y):
-    """d sum(weights * after(layer(x, training=True))) / d(x, gamma, beta) by the backend's autodiff."""
-    w = np.asarray(weights, "float32")
-    if keras.backend.backend() == "jax":
-        import jax
-
-        def loss(x, gamma, beta):
-            y, _ = layer.stateless_call([gamma, beta], [v.value for v in layer.non_trainable_variables], x,
-                                        training=True)
-            return (after(y).astype("float32") * w).sum()
-
-        grads = jax.grad(loss, argnums=(0, 1, 2))(x, layer.gamma.value, layer.beta.value)
-        return [np.asarray(g, np.float64) for g in grads]
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip(f"no gradient helper for the {keras.backend.backend()} backend")
-    import tensorflow as tf
-    xt = tf.constant(x)
-    with tf.GradientTape() as tape:
-        tape.watch(xt)
-        loss = tf.reduce_sum(tf.cast(after(layer(xt, training=True)), tf.float32) * w)
-    return [g.numpy().astype(np.float64) for g in tape.gradient(loss, [xt, layer.gamma, layer.beta])]
 
 
 @pytest.mark.parametrize("groups", [1, 3])
@@ -195,26 +175,17 @@ def test_batch_norm_with_its_relu_matches_the_reference_and_the_two_layers(group
     def reference_loss(v, g, b):
         return float(np.sum(np.maximum(reference(v, groups, g, b)[0], 0) * weights))
 
-    def numeric(f, value, h=1e-5):
-        grad = np.zeros_like(value, np.float64)
-        for i in np.ndindex(value.shape):
-            up, down = value.astype(np.float64), value.astype(np.float64)
-            up[i] += h
-            down[i] -= h
-            grad[i] = (f(up) - f(down)) / (2 * h)
-        return grad
-
-    dx, dgamma, dbeta = _loss_gradients(fused, x, weights)
-    np.testing.assert_allclose(dx, numeric(lambda v: reference_loss(v, gamma, beta), x), rtol=2e-3, atol=2e-4)
-    np.testing.assert_allclose(dgamma, numeric(lambda v: reference_loss(x, v, beta), gamma), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(dbeta, numeric(lambda v: reference_loss(x, gamma, v), beta), rtol=1e-4, atol=1e-4)
+    dx, dgamma, dbeta = _gradients(fused, x, weights)
+    np.testing.assert_allclose(dx, _central_differences(lambda v: reference_loss(v, gamma, beta), x), rtol=2e-3, atol=2e-4)
+    np.testing.assert_allclose(dgamma, _central_differences(lambda v: reference_loss(x, v, beta), gamma), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dbeta, _central_differences(lambda v: reference_loss(x, gamma, v), beta), rtol=1e-4, atol=1e-4)
     assert np.abs(dx).max() > 1e-2 and (dx == 0).mean() < 0.5
 
     for dtype, tol in (("float32", 1e-6), ("mixed_bfloat16", 1e-6)):
         one, two = layer(True, dtype), layer(False, dtype)
         xd = keras.ops.cast(x, one.compute_dtype)
-        ours = _loss_gradients(one, xd, weights)
-        separate = _loss_gradients(two, xd, weights, after=keras.ops.relu)
+        ours = _gradients(one, xd, weights)
+        separate = _gradients(two, xd, weights, after=keras.ops.relu)
         for a, b in zip(ours, separate):
             np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=dtype)
 
