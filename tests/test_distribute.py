@@ -284,9 +284,9 @@ def test_jax_job_stops_at_one_step_when_one_process_is_signalled_resumes_and_equ
     # The epoch the stop fell in averages only its steps after the resume; every other epoch is whole.
     whole = [i for i in range(7) if i + 1 != stopped_in or step % 20 == 0]
     np.testing.assert_allclose([two[i]["loss"] for i in whole], [one[i]["loss"] for i in whole], rtol=1e-5)
-    # The weights, batch-norm statistics and losses are bit-identical; the kNN monitor's features come from each
-    # layout's own compiled inference program, and a near-tie may fall the other way: at most one test image of
-    # the 512 apart (one epoch of seven was, in one trajectory, with the job's weights equal to the last bit).
+    # The weights, batch-norm statistics and losses are bit-identical, but the kNN monitor on XLA's CPU devices is
+    # not bit-reproducible under load: the 1-process run's epoch-3 kNN read 0.4902 alone and 0.4980 beside the
+    # job (whose own read 0.5000), so a near-tie may fall either way: at most one test image of the 512 apart.
     knn_two, knn_one = ([e.get("knn_top1") for e in h] for h in (two, one))
     assert [k is None for k in knn_two] == [k is None for k in knn_one] and sum(k is not None for k in knn_one) == 2
     assert all(abs(a - b) <= 1 / 512 + 1e-9 for a, b in zip(knn_two, knn_one) if a is not None), (knn_two, knn_one)
