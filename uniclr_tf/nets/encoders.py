@@ -112,7 +112,7 @@ def with_our_layers(model, norm=None):
     unbiased = cancelled_biases(model)
     if norm.plain and not pools and not unbiased:
         return model
-    fused = relus_after_batch_norms(model) if getattr(norm, "fuses_relu", False) else {}
+    fused = relus_after_batch_norms(model) if norm.fuses_relu else {}
     taken_in = set(fused.values())
 
     def clone_fn(layer):
@@ -121,7 +121,7 @@ def with_our_layers(model, norm=None):
             for key in ("synchronized", *GroupBatchNormalization.TRAINING_OPTIONS):
                 cfg.pop(key, None)
             if cfg.pop("relu", False) or layer.name in fused:
-                if not getattr(norm, "fuses_relu", False):
+                if not norm.fuses_relu:
                     raise ValueError(f"{layer.name}: a batch norm with its ReLU in one layer; {norm!r} makes "
                                      "batch norms without one")
                 cfg["relu"] = True
@@ -144,14 +144,19 @@ def relus_after_batch_norms(model):
     outputs = {id(t) for t in keras.tree.flatten(model.outputs)}
     pairs = {}
     for layer in model.layers:
-        if not isinstance(layer, layers.BatchNormalization) or len(layer._inbound_nodes) != 1:
-            continue
-        if any(id(t) in outputs for t in layer._inbound_nodes[0].outputs):
-            continue
-        consumers = [node.operation for node in layer._outbound_nodes]
-        if len(consumers) == 1 and _is_plain_relu(consumers[0]) and len(consumers[0]._inbound_nodes) == 1:
-            pairs[layer.name] = consumers[0].name
+        reader = _sole_reader(layer, outputs) if isinstance(layer, layers.BatchNormalization) else None
+        if reader is not None and _is_plain_relu(reader) and len(reader._inbound_nodes) == 1:
+            pairs[layer.name] = reader.name
     return pairs
+
+
+def _sole_reader(layer, outputs):
+    """The one layer that reads ``layer``'s output, when ``layer`` is called once, its output is not one of
+    the model's (``outputs``: their ids) and one layer alone reads it; else None."""
+    if len(layer._inbound_nodes) != 1 or any(id(t) in outputs for t in layer._inbound_nodes[0].outputs):
+        return None
+    readers = [node.operation for node in layer._outbound_nodes]
+    return readers[0] if len(readers) == 1 else None
 
 
 def _is_plain_relu(layer):
@@ -170,15 +175,11 @@ def cancelled_biases(model):
     ResNet-50 at 224 px, batch 128, on an H200: about 1 ms a step)."""
     names, outputs = set(), {id(t) for t in keras.tree.flatten(model.outputs)}
     for layer in model.layers:
-        if not (type(layer) is layers.Conv2D and layer.use_bias and layer.activation is keras.activations.linear
-                and len(layer._inbound_nodes) == 1):
+        if not (type(layer) is layers.Conv2D and layer.use_bias and layer.activation is keras.activations.linear):
             continue
-        if any(id(t) in outputs for t in layer._inbound_nodes[0].outputs):
-            continue   # the model returns the biased output itself
-        consumers = [node.operation for node in layer._outbound_nodes]
+        reader = _sole_reader(layer, outputs)
         channels = -1 if layer.data_format == "channels_last" else 1
-        if (len(consumers) == 1 and isinstance(consumers[0], layers.BatchNormalization)
-                and consumers[0].axis in (channels, channels % 4)):
+        if isinstance(reader, layers.BatchNormalization) and reader.axis in (channels, channels % 4):
             names.add(layer.name)
     return names
 
