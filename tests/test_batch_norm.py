@@ -77,29 +77,43 @@ def test_one_pass_statistics_match_the_reference(groups):
     assert GroupBatchNormalization.from_config(built.get_config()).one_pass
 
 
-def _gradients(layer, x, weights, after=lambda y: y):
-    """d sum(weights * after(layer(x, training=True))) / d(x, gamma, beta), by the backend's own autodiff,
-    as float64 arrays."""
+def _gradients(layer, x, weights, after=None, residual=None):
+    """d sum(weights * out) / d(x, gamma, beta[, residual]), by the backend's own autodiff, as float64
+    arrays, where out is ``after(layer(x))`` (``after`` default identity) or, given ``residual``,
+    ``after(layer(x), residual)``, or without ``after`` ``layer(x, residual=residual)``: in training."""
+
+    def output(call, x, r):
+        if residual is None:
+            return (after or (lambda y: y))(call(x))
+        return call(x, residual=r) if after is None else after(call(x), r)
+
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
-        def loss(x, gamma, beta):
-            y, _ = layer.stateless_call([gamma, beta], [v.value for v in layer.non_trainable_variables], x,
-                                        training=True)
-            return (after(y).astype("float32") * weights.astype("float32")).sum()
+        def loss(x, gamma, beta, r):
+            def call(v, **kwargs):
+                return layer.stateless_call([gamma, beta], [v.value for v in layer.non_trainable_variables], v,
+                                            training=True, **kwargs)[0]
+            return (output(call, x, r).astype("float32") * weights.astype("float32")).sum()
 
-        grads = jax.grad(loss, argnums=(0, 1, 2))(x, layer.gamma.value, layer.beta.value)
+        argnums = (0, 1, 2) if residual is None else (0, 1, 2, 3)
+        grads = jax.grad(loss, argnums=argnums)(x, layer.gamma.value, layer.beta.value, residual)
         return tuple(np.asarray(g, np.float64) for g in grads)
     if backend != "tensorflow":
         pytest.skip(f"no gradient helper for the {backend} backend")
     import tensorflow as tf
 
     xt = tf.constant(x)
+    rt = None if residual is None else tf.constant(residual)
     with tf.GradientTape() as tape:
         tape.watch(xt)
-        loss = tf.reduce_sum(tf.cast(after(layer(xt, training=True)), tf.float64) * weights)
-    return tuple(g.numpy().astype(np.float64) for g in tape.gradient(loss, [xt, layer.gamma, layer.beta]))
+        if rt is not None:
+            tape.watch(rt)
+        out = output(lambda v, **kwargs: layer(v, training=True, **kwargs), xt, rt)
+        loss = tf.reduce_sum(tf.cast(out, tf.float64) * weights)
+    sources = [xt, layer.gamma, layer.beta] + ([] if rt is None else [rt])
+    return tuple(g.numpy().astype(np.float64) for g in tape.gradient(loss, sources))
 
 
 def _central_differences(f, value, h=1e-5):
@@ -141,6 +155,22 @@ def test_one_pass_gradient_matches_finite_differences_of_the_reference(groups):
     assert np.abs(dx).max() > 1e-2  # not a vanishing gradient that any tolerance would pass
 
 
+def _relu_case(rng):
+    """Inputs for the fused ReLU's tests: x (3 channels of different scales), the loss's weights, gamma, beta."""
+    x = (rng.normal(size=(6, 2, 2, 3)) * np.arange(1, 4) + 1.5).astype("float32")
+    weights = rng.normal(size=x.shape)
+    gamma, beta = rng.normal(size=3).astype("float32"), rng.normal(size=3).astype("float32")
+    return x, weights, gamma, beta
+
+
+def _one_pass_layer(groups, shape, gamma, beta, relu, dtype="float32"):
+    bn = GroupBatchNormalization(groups=groups, one_pass=True, relu=relu, epsilon=1e-5, dtype=dtype)
+    bn.build(shape)
+    bn.gamma.assign(gamma)
+    bn.beta.assign(beta)
+    return bn
+
+
 @pytest.mark.parametrize("groups", [1, 3])
 def test_batch_norm_with_its_relu_matches_the_reference_and_the_two_layers(groups):
     """``relu=True`` (one-pass batch norm and the ReLU after it as one layer, as the builders make them): the
@@ -149,18 +179,12 @@ def test_batch_norm_with_its_relu_matches_the_reference_and_the_two_layers(group
     and the backend's autodiff through the one-pass layer and a separate ReLU, in float32 and under
     mixed_bfloat16 (the mask rounded as the forward rounds it)."""
     rng = np.random.default_rng(3)
-    x = (rng.normal(size=(6, 2, 2, 3)) * np.arange(1, 4) + 1.5).astype("float32")
-    weights = rng.normal(size=x.shape)
-    gamma, beta = rng.normal(size=3).astype("float32"), rng.normal(size=3).astype("float32")
+    x, weights, gamma, beta = _relu_case(rng)
     normalised = reference(x, groups, gamma, beta)[0]
     assert np.abs(normalised).min() > 1e-3 and 0.2 < (normalised > 0).mean() < 0.8  # both sides, none at the kink
 
     def layer(relu, dtype="float32"):
-        bn = GroupBatchNormalization(groups=groups, one_pass=True, relu=relu, epsilon=1e-5, dtype=dtype)
-        bn.build(x.shape)
-        bn.gamma.assign(gamma)
-        bn.beta.assign(beta)
-        return bn
+        return _one_pass_layer(groups, x.shape, gamma, beta, relu, dtype)
 
     fused = layer(True)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(fused(x, training=True)), np.maximum(normalised, 0),
@@ -190,10 +214,59 @@ def test_batch_norm_with_its_relu_matches_the_reference_and_the_two_layers(group
             np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=dtype)
 
 
+@pytest.mark.parametrize("groups", [1, 3])
+def test_batch_norm_with_a_residual_and_its_relu_matches_the_reference_and_the_three_layers(groups):
+    """``relu=True`` called with ``residual=`` (a residual block's end, batch norm + sum + ReLU as one layer):
+    the output is ReLU(reference + residual) in training and ReLU(Keras' batch norm + residual) in inference;
+    the hand-written gradients of the input, gamma, beta and the residual are central differences of the
+    float64 reference, and the backend's autodiff through one-pass batch norm, a sum and a ReLU, in float32
+    and under mixed_bfloat16 (the sum and its mask rounded as the forward rounds them)."""
+    rng = np.random.default_rng(5)
+    x, weights, gamma, beta = _relu_case(rng)
+    residual = rng.normal(size=x.shape).astype("float32")
+    summed = reference(x, groups, gamma, beta)[0] + residual
+    assert np.abs(summed).min() > 1e-3 and 0.2 < (summed > 0).mean() < 0.8  # both sides, none at the kink
+
+    def layer(relu, dtype="float32"):
+        return _one_pass_layer(groups, x.shape, gamma, beta, relu, dtype)
+
+    fused = layer(True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(fused(x, residual=residual, training=True)),
+                               np.maximum(summed, 0), rtol=1e-4, atol=1e-4)
+    plain = keras.layers.BatchNormalization(epsilon=1e-5)
+    plain.build(x.shape)
+    plain.set_weights(fused.get_weights())
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(fused(x, residual=residual, training=False)),
+                               keras.ops.convert_to_numpy(keras.ops.relu(plain(x, training=False) + residual)),
+                               atol=1e-6)
+
+    def reference_loss(v, g, b, r):
+        return float(np.sum(np.maximum(reference(v, groups, g, b)[0] + r, 0) * weights))
+
+    dx, dgamma, dbeta, dr = _gradients(fused, x, weights, residual=residual)
+    for got, wrt, at in ((dx, 0, x), (dgamma, 1, gamma), (dbeta, 2, beta), (dr, 3, residual)):
+        def f(v, wrt=wrt):
+            args = [x, gamma, beta, residual]
+            args[wrt] = v
+            return reference_loss(*args)
+        np.testing.assert_allclose(got, _central_differences(f, at), rtol=2e-3, atol=2e-4, err_msg=str(wrt))
+    assert np.abs(dx).max() > 1e-2 and 0 < (dr == 0).mean() < 0.8
+
+    for dtype in ("float32", "mixed_bfloat16"):
+        one, two = layer(True, dtype), layer(False, dtype)
+        xd, rd = (keras.ops.cast(v, one.compute_dtype) for v in (x, residual))
+        ours = _gradients(one, xd, weights, residual=rd)
+        separate = _gradients(two, xd, weights, residual=rd, after=lambda y, r: keras.ops.relu(y + r))
+        for a, b in zip(ours, separate):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=dtype)
+    with pytest.raises(ValueError, match="the residual's shape"):
+        fused(x, residual=residual[:, :1], training=True)
+
+
 def test_one_pass_builders_take_in_the_relu_after_a_batch_norm_with_the_same_weights(tmp_path):
     """With one-pass batch norm (the JAX default) the builders make each batch norm that a ReLU follows and
-    that ReLU one layer: ResNet-18's stem and each block's first, the tiny encoder's, the projector's
-    hidden ones (a block's last batch norm meets the shortcut before its ReLU and stays alone). The weights
+    that ReLU one layer (ResNet-18's stem and each block's first, the tiny encoder's, the projector's hidden
+    ones), and each block's end: a batch norm, the shortcut's sum and the ReLU after it. The weights
     are the two-layer build's, in the same order and under the same names, so a weights file of either
     loads into the other; both give the same features, in training and inference, and the same gradients."""
     from uniclr_tf.nets import heads
@@ -208,14 +281,17 @@ def test_one_pass_builders_take_in_the_relu_after_a_batch_norm_with_the_same_wei
     builds = {"resnet18": lambda norm: encoders.build_encoder("resnet18", (12, 12, 1), width=4, norm=norm),
               "tiny": lambda norm: encoders.build_encoder("tiny", (12, 12, 1), width=4, norm=norm),
               "projector": lambda norm: heads.projector(8, (16, 16, 4), norm=norm)}
-    expected = {"resnet18": ["stem_bn"] + [f"stage{s}_block{b}_bn1" for s in range(1, 5) for b in (1, 2)],
-                "tiny": None, "projector": ["projector_bn1", "projector_bn2"]}
+    blocks = [f"stage{s}_block{b}" for s in range(1, 5) for b in (1, 2)]
+    ends = [f"{block}_down_bn" if block.endswith("block1") and block != "stage1_block1" else f"{block}_bn2"
+            for block in blocks]  # a projected shortcut's batch norm takes in the sum, keeping the weights' order
+    expected = {"resnet18": {"stem_bn"} | {f"{block}_bn1" for block in blocks} | set(ends),
+                "tiny": {"bn1", "bn2", "bn3"}, "projector": {"projector_bn1", "projector_bn2"}}
     for name, build in builds.items():
         fused, two = build(encoders.BatchNorm(one_pass=True)), build(TwoLayers(one_pass=True))
         relus = [layer for layer in two.layers if isinstance(layer, keras.layers.ReLU)]
-        assert with_relu(fused) == (expected[name] or [f"bn{i + 1}" for i in range(len(with_relu(fused)))])
-        assert len(with_relu(fused)) >= 2 and not with_relu(two)
-        assert len(two.layers) - len(fused.layers) == len(with_relu(fused)) <= len(relus), name
+        adds = [layer for layer in two.layers if isinstance(layer, keras.layers.Add)]
+        assert set(with_relu(fused)) == expected[name] and not with_relu(two)
+        assert len(two.layers) - len(fused.layers) == len(with_relu(fused)) + len(adds) == len(relus) + len(adds)
         assert [v.path for v in fused.weights] == [v.path for v in two.weights], name
         two.save_weights(tmp_path / f"{name}.weights.h5")
         fused.load_weights(tmp_path / f"{name}.weights.h5")

@@ -183,11 +183,12 @@ def test_other_libraries_backbones_follow_the_batch_norm_option(name):
     assert all(b.groups == 1 and b.one_pass for b in _batch_norms(one_pass))
     assert [b.epsilon for b in _batch_norms(grouped)] == [b.epsilon for b in _batch_norms(plain)]
     assert grouped.count_params() == plain.count_params()
-    # one-pass batch norm takes in the ReLU after it (the stem's and each bottleneck's first two): the same
-    # function with the same weights, in the same order, one layer fewer each
+    # one-pass batch norm takes in the ReLU after it (the stem's and each bottleneck's first two: one layer
+    # fewer each) and at each of the 16 blocks' ends the sum and the ReLU (two fewer): the same function
+    # with the same weights, in the same order
     fused = [b.name for b in _batch_norms(one_pass) if b.relu]
-    assert len(fused) == 33 and not any(getattr(b, "relu", False) for b in _batch_norms(grouped))
-    assert len(plain.layers) - len(one_pass.layers) == 33
+    assert len(fused) == 33 + 16 and not any(getattr(b, "relu", False) for b in _batch_norms(grouped))
+    assert len(plain.layers) - len(one_pass.layers) == 33 + 2 * 16
     plain.set_weights(one_pass.get_weights())
     images = _images(64, 3)
     np.testing.assert_allclose(np.asarray(one_pass(images, training=False)), np.asarray(plain(images, training=False)),

@@ -381,3 +381,26 @@ def test_a_backbone_that_does_not_match_the_run_is_not_released_and_the_old_rele
     result = release.release_run(released.run, out, overwrite=True, saved_model=False, log=lambda _: None)
     assert result["saved_model"] == "left out by --nosaved_model"
     assert set(os.listdir(out)) == TOP_FILES - {"saved_model"} and os.listdir(tmp_path) == ["out"]
+
+
+def test_portable_copy_splits_batch_norms_that_took_in_a_sum_and_a_relu(tmp_path):
+    """A one-pass ResNet-18 (the JAX default) has batch norms that took in the ReLU after them and, at each
+    block's end, the shortcut's sum and the ReLU: the portable copy writes each back as Keras' batch norm,
+    ``Add`` and ``ReLU`` with the same weights and the same features, and loads as plain Keras layers."""
+    from uniclr_tf.nets import encoders
+    encoder = encoders.build_encoder("resnet18", (12, 12, 1), width=4, norm=encoders.BatchNorm(one_pass=True))
+    with_sum = [layer.name for layer in encoder.layers if isinstance(layer, encoders.GroupBatchNormalization)
+                and len(layer._inbound_nodes[0].input_tensors) == 2]
+    assert len(with_sum) == 8
+    portable, replaced = release.portable_backbone(encoder)
+    assert replaced == sum(isinstance(layer, encoders.GroupBatchNormalization) for layer in encoder.layers) == 20
+    kinds = {type(layer).__name__ for layer in portable.layers}
+    assert "GroupBatchNormalization" not in kinds and release._custom_modules(portable) == []
+    assert {f"{name}_add" for name in with_sum} <= {layer.name for layer in portable.layers}
+    assert sorted(v.path for v in portable.weights) == sorted(v.path for v in encoder.weights)
+    images = np.random.default_rng(0).normal(size=(3, 12, 12, 1)).astype("float32")
+    portable.save(tmp_path / "portable.keras")
+    loaded = keras.saving.load_model(tmp_path / "portable.keras", compile=False)
+    for model in (portable, loaded):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(model(images, training=False)),
+                                      keras.ops.convert_to_numpy(encoder(images, training=False)))

@@ -31,13 +31,15 @@ def _basic_block(x, filters, stride, norm, name):
     y = batch_norm_relu(norm, y, f"{name}_bn1", f"{name}_relu1")
     y = layers.Conv2D(filters, 3, padding="same", use_bias=False,
                       kernel_initializer="he_normal", name=f"{name}_conv2")(y)
-    y = norm(name=f"{name}_bn2")(y)
-    if stride != 1 or shortcut.shape[-1] != filters:
+    projected = stride != 1 or shortcut.shape[-1] != filters
+    if projected:
         shortcut = layers.Conv2D(filters, 1, strides=stride, use_bias=False,
                                  kernel_initializer="he_normal", name=f"{name}_down_conv")(shortcut)
+        if getattr(norm, "fuses_relu", False):  # the shortcut's batch norm takes in the sum: weights keep their order
+            return batch_norm_relu(norm, shortcut, f"{name}_down_bn", f"{name}_out",
+                                   residual=norm(name=f"{name}_bn2")(y), add_name=f"{name}_add")
         shortcut = norm(name=f"{name}_down_bn")(shortcut)
-    y = layers.Add(name=f"{name}_add")([y, shortcut])
-    return layers.ReLU(name=f"{name}_out")(y)
+    return batch_norm_relu(norm, y, f"{name}_bn2", f"{name}_out", residual=shortcut, add_name=f"{name}_add")
 
 
 def resnet18_cifar(input_shape=(32, 32, 3), width=64, norm=None, name="resnet18", stem="cifar"):
@@ -113,27 +115,41 @@ def with_our_layers(model, norm=None):
     if norm.plain and not pools and not unbiased:
         return model
     fused = relus_after_batch_norms(model) if norm.fuses_relu else {}
-    taken_in = set(fused.values())
+    residual = residual_relus_after_batch_norms(model) if norm.fuses_relu else {}
+    taken_in = set(fused.values()) | {relu for _, relu, _ in residual.values()}
+    adds = {add: (bn, index) for bn, (add, _, index) in residual.items()}
+    clones = {}
 
     def clone_fn(layer):
         cfg = layer.get_config()
         if isinstance(layer, layers.BatchNormalization) and not norm.plain:
             for key in ("synchronized", *GroupBatchNormalization.TRAINING_OPTIONS):
                 cfg.pop(key, None)
-            if cfg.pop("relu", False) or layer.name in fused:
+            if cfg.pop("relu", False) or layer.name in fused or layer.name in residual:
                 if not norm.fuses_relu:
                     raise ValueError(f"{layer.name}: a batch norm with its ReLU in one layer; {norm!r} makes "
                                      "batch norms without one")
                 cfg["relu"] = True
-            return norm(**cfg)
+            clones[layer.name] = norm(**cfg)
+            return clones[layer.name]
         if layer.name in unbiased:
             return layer.__class__.from_config({**cfg, "use_bias": False})
         return (pools and with_gather_max_pool(layer)) or layer.__class__.from_config(cfg)
 
-    def call_fn(layer, *args, **kwargs):  # a ReLU taken into the batch norm before it is left out
-        return args[0] if layer.name in taken_in else layer(*args, **kwargs)
+    def call_fn(layer, *args, **kwargs):
+        # A ReLU taken into the batch norm before it is left out; a batch norm that takes in the residual
+        # sum after it passes its input on, and is called where the sum was, with the sum's other operand.
+        if layer.name in taken_in or layer.name in residual:
+            return args[0]
+        if layer.name in adds:
+            bn, index = adds[layer.name]
+            operands = list(args[0])
+            x = operands.pop(index)
+            return clones[bn](x, residual=operands[0])
+        return layer(*args, **kwargs)
 
-    return keras.models.clone_model(model, clone_function=clone_fn, call_function=call_fn if fused else None)
+    return keras.models.clone_model(model, clone_function=clone_fn,
+                                    call_function=call_fn if fused or residual else None)
 
 
 def relus_after_batch_norms(model):
@@ -148,6 +164,31 @@ def relus_after_batch_norms(model):
         if reader is not None and _is_plain_relu(reader) and len(reader._inbound_nodes) == 1:
             pairs[layer.name] = reader.name
     return pairs
+
+
+def residual_relus_after_batch_norms(model):
+    """``{batch norm name: (Add name, ReLU name, the batch norm's place among the Add's operands)}`` for
+    each residual block's end in ``model`` (functional): an ``Add`` of two tensors, called once, read only
+    by a plain ReLU called once, one of its operands a ``BatchNormalization`` called once that only the
+    ``Add`` reads, none of them the model's output. Where both operands are such batch norms (a block with
+    a projected shortcut) the later operand's (keras.applications' and Keras Hub's main path) is taken:
+    :func:`with_our_layers` makes the batch norm, the sum and the ReLU one layer
+    (:func:`~uniclr_tf.nets.norm.batch_norm_relu` with ``residual=``) when the factory fuses them."""
+    outputs = {id(t) for t in keras.tree.flatten(model.outputs)}
+    ends = {}
+    for add in model.layers:
+        if type(add) is not layers.Add or len(add._inbound_nodes) != 1:
+            continue
+        relu = _sole_reader(add, outputs)
+        operands = add._inbound_nodes[0].input_tensors
+        if relu is None or not _is_plain_relu(relu) or len(relu._inbound_nodes) != 1 or len(operands) != 2:
+            continue
+        for index in (1, 0):
+            bn = operands[index]._keras_history.operation
+            if isinstance(bn, layers.BatchNormalization) and _sole_reader(bn, outputs) is add:
+                ends[bn.name] = (add.name, relu.name, index)
+                break
+    return ends
 
 
 def _sole_reader(layer, outputs):

@@ -78,16 +78,22 @@ def as_norm(norm):
     return BatchNorm() if norm is None else norm
 
 
-def batch_norm_relu(norm, x, name, relu_name):
+def batch_norm_relu(norm, x, name, relu_name, residual=None, add_name=None):
     """``ReLU(batch norm(x))`` in a functional model: the factory ``norm``'s layer named ``name``, then a
-    ``ReLU`` named ``relu_name``; or, where the factory fuses them (:attr:`BatchNorm.fuses_relu`), one
-    :class:`GroupBatchNormalization` with ``relu=True`` named ``name``. The same function and the same
-    weights. Fused, training's backward reads the ReLU's mask in batch norm's two passes instead of
-    writing the ReLU's gradient out in a pass of its own (about 2 % of the 28 px ResNet-18 step on an
-    NVIDIA H200)."""
+    ``ReLU`` named ``relu_name``; given ``residual``, ``ReLU(batch norm(x) + residual)``, the sum an ``Add``
+    named ``add_name`` (a residual block's end). Where the factory fuses them
+    (:attr:`BatchNorm.fuses_relu`), one :class:`GroupBatchNormalization` with ``relu=True`` named ``name``,
+    called with ``residual=``. The same function and the same weights. Fused, training's backward reads
+    the ReLU's 1-byte mask in batch norm's two passes and the residual's gradient instead of writing the
+    ReLU's gradient out in a pass of its own (about 2 % of the 28 px ResNet-18 step on an NVIDIA H200 for
+    the ReLUs after the blocks' first batch norms)."""
     if getattr(norm, "fuses_relu", False):
-        return norm(name=name, relu=True)(x)
-    return layers.ReLU(name=relu_name)(norm(name=name)(x))
+        layer = norm(name=name, relu=True)
+        return layer(x) if residual is None else layer(x, residual=residual)
+    y = norm(name=name)(x)
+    if residual is not None:
+        y = layers.Add(name=add_name)([y, residual])
+    return layers.ReLU(name=relu_name)(y)
 
 
 @keras.saving.register_keras_serializable(package="uniclr_tf")
@@ -126,17 +132,20 @@ class GroupBatchNormalization(layers.BatchNormalization):
         self.one_pass = bool(one_pass)
         self.relu = bool(relu)
 
-    def call(self, inputs, training=None, mask=None):
+    def call(self, inputs, residual=None, training=None, mask=None):
         plain = self.groups == 1 and not self.one_pass
         if plain or not (training and self.trainable) or mask is not None or self.renorm:
-            return self._activation(super().call(inputs, training=training, mask=mask))
+            return self._activation(super().call(inputs, training=training, mask=mask), residual)
         if self.axis not in (-1, len(inputs.shape) - 1):
             raise ValueError(f"{self.name}: GroupBatchNormalization needs channels last; axis={self.axis}")
         batch = inputs.shape[0]
         if batch is not None and batch % self.groups:
             raise ValueError(f"{self.name}: a batch of {batch} does not split into {self.groups} groups")
+        if residual is not None and tuple(residual.shape) != tuple(inputs.shape):
+            raise ValueError(f"{self.name}: the residual's shape {tuple(residual.shape)} is not the input's "
+                             f"{tuple(inputs.shape)}")
         if self.one_pass:
-            return self._one_pass(inputs)
+            return self._one_pass(inputs, residual)
         x = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
         grouped = ops.reshape(x, (self.groups, -1) + tuple(x.shape[1:]))
         axes = tuple(range(1, len(grouped.shape) - 1))
@@ -147,9 +156,11 @@ class GroupBatchNormalization(layers.BatchNormalization):
             out = out * ops.cast(self.gamma, x.dtype)
         if self.center:
             out = out + ops.cast(self.beta, x.dtype)
-        return self._activation(ops.cast(ops.reshape(out, ops.shape(x)), self.compute_dtype))
+        return self._activation(ops.cast(ops.reshape(out, ops.shape(x)), self.compute_dtype), residual)
 
-    def _activation(self, out):
+    def _activation(self, out, residual=None):
+        if residual is not None:
+            out = ops.add(out, ops.cast(residual, out.dtype))
         return ops.relu(out) if self.relu else out
 
     def _update_moving_statistics(self, mean, variance):
@@ -160,7 +171,7 @@ class GroupBatchNormalization(layers.BatchNormalization):
             moving.assign(ops.cast(moving, batch.dtype) * self.momentum
                           + ops.mean(ops.reshape(batch, (self.groups, channels)), axis=0) * (1.0 - self.momentum))
 
-    def _one_pass(self, inputs):
+    def _one_pass(self, inputs, residual=None):
         """Training-mode ``one_pass`` batch norm: E[x] and E[x²] as two independent reductions, and a
         hand-written backward whose two sums, Σg and Σg·x̂ (g the output's gradient, x̂ the normalised
         input), are independent reductions too (autodiff of the statistics makes them dependent).
@@ -181,7 +192,10 @@ class GroupBatchNormalization(layers.BatchNormalization):
         inv_std = ops.rsqrt(variance + self.epsilon)
         gamma = ops.cast(self.gamma, ftype) if self.scale else ops.ones((channels,), ftype)
         beta = ops.cast(self.beta, ftype) if self.center else ops.zeros((channels,), ftype)
-        out = _normalise(grouped, gamma, beta, mean, inv_std, axes, self.compute_dtype, relu=self.relu)
+        if residual is not None:
+            residual = ops.reshape(ops.cast(residual, self.compute_dtype), grouped.shape)
+        out = _normalise(grouped, gamma, beta, mean, inv_std, axes, self.compute_dtype, relu=self.relu,
+                         residual=residual)
         return ops.reshape(out, ops.shape(inputs))
 
     def get_config(self):
@@ -189,44 +203,71 @@ class GroupBatchNormalization(layers.BatchNormalization):
                 "relu": self.relu}
 
 
-def _normalise(x, gamma, beta, mean, inv_std, axes, dtype, relu=False):
+def _normalise(x, gamma, beta, mean, inv_std, axes, dtype, relu=False, residual=None):
     """``(x - mean) · inv_std · gamma + beta`` in the statistics' dtype (float32 for bfloat16 x), cast to
-    ``dtype`` (then, with ``relu``, the ReLU), with the batch-norm gradient written out: for g the
-    output's gradient and x̂ the normalised x (n elements per channel over ``axes``), dx = gamma · inv_std
-    · (g − Σg / n − x̂ · Σ(g·x̂) / n), dgamma = Σ(g·x̂), dbeta = Σg. That is the gradient through the
-    batch's mean and variance too, so ``mean`` and ``inv_std`` (computed from x) get none of their own.
+    ``dtype`` (then, given ``residual``, plus it in ``dtype``; then, with ``relu``, the ReLU), with the
+    batch-norm gradient written out: for g the output's gradient and x̂ the normalised x (n elements per
+    channel over ``axes``), dx = gamma · inv_std · (g − Σg / n − x̂ · Σ(g·x̂) / n), dgamma = Σ(g·x̂),
+    dbeta = Σg, and the residual's gradient g. That is the gradient through the batch's mean and variance
+    too, so ``mean`` and ``inv_std`` (computed from x) get none of their own.
 
-    With ``relu``, g is the ReLU's gradient: the output's where the normalised value (rounded to
-    ``dtype`` as the forward rounds it) is positive, else 0. It is formed twice, a product for the sums
-    and a select for dx: XLA then writes the 1-byte mask beside the forward's output and both passes
-    read it, instead of writing g out (2 bytes an element) in a pass of its own, as it does for the
-    gradient of a separate ReLU layer."""
+    With ``relu``, g is the ReLU's gradient: the output's where the value before the ReLU (rounded to
+    ``dtype`` as the forward rounds it) is positive, else 0. It is formed for each reader, a product for the
+    sums and a select for dx and the residual, from a 1-byte mask beside the forward's output, instead of
+    writing g out (2 bytes an element) in a pass of its own, as XLA does for the gradient of a separate ReLU
+    layer. Without a residual the backward recomputes the mask from x and XLA keeps it from the forward's
+    fusion; with one the backward takes the forward's mask (recomputing it would read the residual again:
+    ResNet-50's step was slower so)."""
+
+    def normalised(x, mean, inv_std):
+        return (ops.cast(x, mean.dtype) - mean) * inv_std
+
+    def backward(x, gamma, mean, inv_std, live, upstream):  # each a custom_gradient function's own
+        g = ops.cast(upstream, mean.dtype)
+        x_hat = normalised(x, mean, inv_std)
+        g_sums = g_dx = g
+        if live is not None:
+            g_sums = g * ops.cast(live, mean.dtype)
+            g_dx = ops.where(live, g, ops.zeros((), mean.dtype))
+        mean_g = ops.mean(g_sums, axis=axes, keepdims=True)
+        mean_gx = ops.mean(g_sums * x_hat, axis=axes, keepdims=True)
+        dx = (gamma * inv_std) * (g_dx - mean_g - x_hat * mean_gx)
+        count = ops.cast(ops.size(g) // ops.size(mean_g), mean.dtype)  # elements per channel and group
+        channels = ops.shape(gamma)[0]
+        dgamma = ops.sum(ops.reshape(mean_gx, (-1, channels)), axis=0) * count
+        dbeta = ops.sum(ops.reshape(mean_g, (-1, channels)), axis=0) * count
+        return ops.cast(dx, x.dtype), dgamma, dbeta, ops.zeros_like(mean), ops.zeros_like(inv_std)
+
+    def upstream_of(args, upstream):
+        return args[0] if upstream is None else upstream
+
+    if residual is None:
+        @ops.custom_gradient
+        def normalise(x, gamma, beta, mean, inv_std):
+            y = ops.cast(normalised(x, mean, inv_std) * gamma + beta, dtype)
+            if relu:
+                y = ops.maximum(y, ops.zeros((), dtype))
+
+            def grad(*args, upstream=None):
+                live = ops.cast(normalised(x, mean, inv_std) * gamma + beta, dtype) > 0 if relu else None
+                return backward(x, gamma, mean, inv_std, live, upstream_of(args, upstream))
+
+            return y, grad
+
+        return normalise(x, gamma, beta, mean, inv_std)
 
     @ops.custom_gradient
-    def normalise(x, gamma, beta, mean, inv_std):
-        y = ops.cast((ops.cast(x, mean.dtype) - mean) * inv_std * gamma + beta, dtype)
+    def normalise_add(x, gamma, beta, mean, inv_std, residual):
+        y = ops.add(ops.cast(normalised(x, mean, inv_std) * gamma + beta, dtype), residual)
+        live = y > 0 if relu else None
         if relu:
-            y = ops.maximum(y, ops.zeros((), dtype))
+            y = ops.where(live, y, ops.zeros((), dtype))
 
         def grad(*args, upstream=None):
-            g = ops.cast(args[0] if upstream is None else upstream, mean.dtype)
-            x_hat = (ops.cast(x, mean.dtype) - mean) * inv_std
-            g_sums = g_dx = g
-            if relu:
-                live = ops.cast(x_hat * gamma + beta, dtype) > 0
-                g_sums = g * ops.cast(live, mean.dtype)
-                g_dx = ops.where(live, g, ops.zeros((), mean.dtype))
-            mean_g = ops.mean(g_sums, axis=axes, keepdims=True)
-            mean_gx = ops.mean(g_sums * x_hat, axis=axes, keepdims=True)
-            dx = (gamma * inv_std) * (g_dx - mean_g - x_hat * mean_gx)
-            count = ops.cast(ops.size(g) // ops.size(mean_g), mean.dtype)  # elements per channel and group
-            channels = ops.shape(gamma)[0]
-            dgamma = ops.sum(ops.reshape(mean_gx, (-1, channels)), axis=0) * count
-            dbeta = ops.sum(ops.reshape(mean_g, (-1, channels)), axis=0) * count
-            return ops.cast(dx, x.dtype), dgamma, dbeta, ops.zeros_like(mean), ops.zeros_like(inv_std)
+            upstream = upstream_of(args, upstream)
+            d_residual = upstream if live is None else ops.where(live, upstream, ops.zeros((), upstream.dtype))
+            return (*backward(x, gamma, mean, inv_std, live, upstream), ops.cast(d_residual, residual.dtype))
 
         return y, grad
 
-    return normalise(x, gamma, beta, mean, inv_std)
-
-
+    return normalise_add(x, gamma, beta, mean, inv_std, residual)

@@ -152,8 +152,9 @@ def _needs_plain_pool(layer):
 def portable_backbone(encoder):
     """``(backbone, replaced)``: ``encoder`` with its batch-norm layers of a subclass (e.g.
     :class:`uniclr_tf.nets.encoders.GroupBatchNormalization`) or with ``synchronized=True`` (TF only) rebuilt
-    as plain ``keras.layers.BatchNormalization`` with the same weights (one with ``relu=True`` followed by a
-    ``ReLU`` named after it), and its :class:`uniclr_tf.nets.pooling.MaxPooling2D` as Keras' own, so the
+    as plain ``keras.layers.BatchNormalization`` with the same weights (one called with a ``residual``
+    followed by an ``Add`` named ``{name}_add``, one with ``relu=True`` by a ``ReLU`` named ``{name}_relu``),
+    and its :class:`uniclr_tf.nets.pooling.MaxPooling2D` as Keras' own, so the
     saved file loads with plain Keras on any backend; inference is unchanged (both batch norms are plain
     batch norm with the moving statistics at ``training=False``; both poolings the same max). ``encoder``
     itself when there is none (``replaced`` = 0)."""
@@ -165,6 +166,7 @@ def portable_backbone(encoder):
     if not replaced:
         return encoder, 0
     relus = {layer.name for layer in _layers(encoder) if getattr(layer, "relu", False) is True}
+    fused = {layer.name for layer in _layers(encoder) if isinstance(layer, GroupBatchNormalization)}
 
     def plain(layer):
         config = layer.get_config()
@@ -178,17 +180,21 @@ def portable_backbone(encoder):
         return layer.__class__.from_config(config)
 
     def call(layer, *args, **kwargs):
+        residual = kwargs.pop("residual", None) if layer.name in fused else None
         out = layer(*args, **kwargs)
+        if residual is not None:
+            out = keras.layers.Add(name=f"{layer.name}_add")([out, residual])
         return keras.layers.ReLU(name=f"{layer.name}_relu")(out) if layer.name in relus else out
 
     backbone = keras.models.clone_model(encoder, clone_function=plain, call_function=call, recursive=True)
-    added = {f"{name}_relu" for name in relus}
-    old, new = _layers(encoder), [layer for layer in _layers(backbone) if layer.name not in added]
-    if [layer.name for layer in old] != [layer.name for layer in new]:
+    added = {f"{name}_{suffix}" for name in fused for suffix in ("add", "relu")}
+    old = _layers(encoder)
+    new = {layer.name: layer for layer in _layers(backbone) if layer.name not in added}
+    if sorted(layer.name for layer in old) != sorted(new):
         raise RuntimeError(f"the portable copy of the encoder has other layers than {ENCODER_FILE}")
-    for src, dst in zip(old, new):
+    for src in old:
         if not hasattr(src, "layers"):
-            dst.set_weights(src.get_weights())
+            new[src.name].set_weights(src.get_weights())
     return backbone, replaced
 
 
