@@ -125,15 +125,15 @@ def child(request, fds):
         os._exit(code & 0xFF)
 
 
-running = set()
+running = {}   # pid -> the request that started it (pids are reused over a long test session)
 while True:
     try:
         while running:   # report the children that ended
             pid, status = os.waitpid(-1, os.WNOHANG)
             if not pid:
                 break
-            running.discard(pid)
-            sock.send(json.dumps({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)}).encode())
+            sock.send(json.dumps({"id": running.pop(pid, None),
+                                  "returncode": os.waitstatus_to_exitcode(status)}).encode())
     except ChildProcessError:
         running.clear()
     readable, _, _ = __import__("select").select([sock], [], [], 0.02)
@@ -149,7 +149,7 @@ while True:
         child(request, fds)
     for fd in fds:
         os.close(fd)
-    running.add(pid)
+    running[pid] = request["id"]
     sock.send(json.dumps({"started": pid, "id": request["id"]}).encode())
 """
 
@@ -196,7 +196,7 @@ class _Server:
                 if "started" in message:
                     self.started[message["id"]] = message["started"]
                 else:
-                    self.returncodes[message["pid"]] = message["returncode"]
+                    self.returncodes[message["id"]] = message["returncode"]
                 if block:
                     return
         except BlockingIOError:
@@ -205,6 +205,7 @@ class _Server:
             self.sock.setblocking(True)
 
     def start(self, argv, env, cwd, fds):
+        """Starts a child of the warm interpreter on ``fds`` (its stdin, stdout, stderr): (pid, request id)."""
         self.wait_ready()
         with self.lock:
             request_id, self.next_id = self.next_id, self.next_id + 1
@@ -212,13 +213,15 @@ class _Server:
             socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
             while request_id not in self.started:
                 self._receive(block=True)
-            return self.started.pop(request_id)
+            return self.started.pop(request_id), request_id
 
-    def returncode(self, pid):
+    def returncode(self, request_id):
+        """The exit status of the child started for ``request_id`` (None while it runs): by request, not
+        pid, because the kernel reuses pids (32768 of them by default) over a long test session."""
         with self.lock:
-            if pid not in self.returncodes:
+            if request_id not in self.returncodes:
                 self._receive(block=False)
-            return self.returncodes.get(pid)
+            return self.returncodes.get(request_id)
 
 
 _SERVERS, _SERVERS_LOCK = {}, threading.Lock()
@@ -319,7 +322,7 @@ class WarmProcess:
                 ends.append(os.dup(spec if isinstance(spec, int) else spec.fileno()))
                 mine.append((target, None))
         try:
-            self.pid = server.start(argv[1:], env, cwd, ends)
+            self.pid, self._request = server.start(argv[1:], env, cwd, ends)
         finally:
             for fd in ends:
                 os.close(fd)
@@ -335,7 +338,7 @@ class WarmProcess:
 
     def poll(self):
         if self.returncode is None:
-            self.returncode = self.server.returncode(self.pid)
+            self.returncode = self.server.returncode(self._request)
         return self.returncode
 
     def wait(self, timeout=None):
