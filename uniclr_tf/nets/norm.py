@@ -111,6 +111,9 @@ class GroupBatchNormalization(layers.BatchNormalization):
 
     ``relu=True`` applies a ReLU to the output, in training and inference: batch norm and the ReLU after
     it as one layer (:func:`batch_norm_relu`), whose one-pass backward takes the ReLU's gradient too.
+    Called with ``residual=`` (a tensor of the input's shape), the layer adds it to the normalised output
+    before the ReLU: a residual block's end (batch norm, the shortcut's sum, the ReLU) as one layer, whose
+    one-pass backward gives the residual its gradient too.
 
     ``one_pass=True`` takes the training statistics in one pass, E[x] and E[x²] as two independent
     reductions of the input (variance = E[x²] − E[x]², clipped at 0, in float32 as PyTorch's
@@ -132,7 +135,7 @@ class GroupBatchNormalization(layers.BatchNormalization):
         self.one_pass = bool(one_pass)
         self.relu = bool(relu)
 
-    def call(self, inputs, residual=None, training=None, mask=None):
+    def call(self, inputs, training=None, mask=None, residual=None):
         plain = self.groups == 1 and not self.one_pass
         if plain or not (training and self.trainable) or mask is not None or self.renorm:
             return self._activation(super().call(inputs, training=training, mask=mask), residual)
