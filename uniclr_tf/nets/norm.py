@@ -225,6 +225,9 @@ def _normalise(x, gamma, beta, mean, inv_std, axes, dtype, relu=False, residual=
     def normalised(x, mean, inv_std):
         return (ops.cast(x, mean.dtype) - mean) * inv_std
 
+    def affine(x, gamma, beta, mean, inv_std):  # batch norm's output in ``dtype``, as the forward rounds it
+        return ops.cast(normalised(x, mean, inv_std) * gamma + beta, dtype)
+
     def backward(x, gamma, mean, inv_std, live, upstream):  # each a custom_gradient function's own
         g = ops.cast(upstream, mean.dtype)
         x_hat = normalised(x, mean, inv_std)
@@ -247,12 +250,12 @@ def _normalise(x, gamma, beta, mean, inv_std, axes, dtype, relu=False, residual=
     if residual is None:
         @ops.custom_gradient
         def normalise(x, gamma, beta, mean, inv_std):
-            y = ops.cast(normalised(x, mean, inv_std) * gamma + beta, dtype)
+            y = affine(x, gamma, beta, mean, inv_std)
             if relu:
                 y = ops.maximum(y, ops.zeros((), dtype))
 
             def grad(*args, upstream=None):
-                live = ops.cast(normalised(x, mean, inv_std) * gamma + beta, dtype) > 0 if relu else None
+                live = affine(x, gamma, beta, mean, inv_std) > 0 if relu else None
                 return backward(x, gamma, mean, inv_std, live, upstream_of(args, upstream))
 
             return y, grad
@@ -261,7 +264,7 @@ def _normalise(x, gamma, beta, mean, inv_std, axes, dtype, relu=False, residual=
 
     @ops.custom_gradient
     def normalise_add(x, gamma, beta, mean, inv_std, residual):
-        y = ops.add(ops.cast(normalised(x, mean, inv_std) * gamma + beta, dtype), residual)
+        y = ops.add(affine(x, gamma, beta, mean, inv_std), residual)
         live = y > 0 if relu else None
         if relu:
             y = ops.where(live, y, ops.zeros((), dtype))

@@ -130,11 +130,17 @@ def check_run(run_dir, saved_model=True, force=False):
 
 def _layers(model):
     """Every layer of ``model``, nested models' layers included (depth first, in order)."""
-    out = []
+    return list(_layer_paths(model).values())
+
+
+def _layer_paths(model, prefix=""):
+    """``{path: layer}`` for every layer of ``model``, nested models' layers included (depth first, in
+    order), the path its name under the names of the models around it: unique where names are not."""
+    out = {}
     for layer in model.layers:
-        out.append(layer)
+        out[prefix + layer.name] = layer
         if hasattr(layer, "layers"):
-            out += _layers(layer)
+            out.update(_layer_paths(layer, f"{prefix}{layer.name}/"))
     return out
 
 
@@ -166,7 +172,7 @@ def portable_backbone(encoder):
     if not replaced:
         return encoder, 0
     relus = {layer.name for layer in _layers(encoder) if getattr(layer, "relu", False) is True}
-    fused = {layer.name for layer in _layers(encoder) if isinstance(layer, GroupBatchNormalization)}
+    grouped = {layer.name for layer in _layers(encoder) if isinstance(layer, GroupBatchNormalization)}
 
     def plain(layer):
         config = layer.get_config()
@@ -180,21 +186,21 @@ def portable_backbone(encoder):
         return layer.__class__.from_config(config)
 
     def call(layer, *args, **kwargs):
-        residual = kwargs.pop("residual", None) if layer.name in fused else None
+        residual = kwargs.pop("residual", None) if layer.name in grouped else None
         out = layer(*args, **kwargs)
         if residual is not None:
             out = keras.layers.Add(name=f"{layer.name}_add")([out, residual])
         return keras.layers.ReLU(name=f"{layer.name}_relu")(out) if layer.name in relus else out
 
     backbone = keras.models.clone_model(encoder, clone_function=plain, call_function=call, recursive=True)
-    added = {f"{name}_{suffix}" for name in fused for suffix in ("add", "relu")}
-    old = _layers(encoder)
-    new = {layer.name: layer for layer in _layers(backbone) if layer.name not in added}
-    if sorted(layer.name for layer in old) != sorted(new):
+    added = {f"{name}_{suffix}" for name in grouped for suffix in ("add", "relu")}
+    old = _layer_paths(encoder)
+    new = {path: layer for path, layer in _layer_paths(backbone).items() if layer.name not in added}
+    if sorted(old) != sorted(new):
         raise RuntimeError(f"the portable copy of the encoder has other layers than {ENCODER_FILE}")
-    for src in old:
+    for path, src in old.items():
         if not hasattr(src, "layers"):
-            new[src.name].set_weights(src.get_weights())
+            new[path].set_weights(src.get_weights())
     return backbone, replaced
 
 
