@@ -259,8 +259,9 @@ def test_batch_norm_with_a_residual_and_its_relu_matches_the_reference_and_the_t
         separate = _gradients(two, xd, weights, residual=rd, after=lambda y, r: keras.ops.relu(y + r))
         for a, b in zip(ours, separate):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=dtype)
-    with pytest.raises(ValueError, match="the residual's shape"):
-        fused(x, residual=residual[:, :1], training=True)
+    for training in (True, False):  # not broadcast in inference either
+        with pytest.raises(ValueError, match="the residual's shape"):
+            fused(x, residual=residual[:, :1], training=training)
 
 
 def test_one_pass_builders_take_in_the_relu_after_a_batch_norm_with_the_same_weights(tmp_path):

@@ -136,6 +136,9 @@ class GroupBatchNormalization(layers.BatchNormalization):
         self.relu = bool(relu)
 
     def call(self, inputs, training=None, mask=None, residual=None):
+        if residual is not None and tuple(residual.shape) != tuple(inputs.shape):
+            raise ValueError(f"{self.name}: the residual's shape {tuple(residual.shape)} is not the input's "
+                             f"{tuple(inputs.shape)}")
         plain = self.groups == 1 and not self.one_pass
         if plain or not (training and self.trainable) or mask is not None or self.renorm:
             return self._activation(super().call(inputs, training=training, mask=mask), residual)
@@ -144,9 +147,6 @@ class GroupBatchNormalization(layers.BatchNormalization):
         batch = inputs.shape[0]
         if batch is not None and batch % self.groups:
             raise ValueError(f"{self.name}: a batch of {batch} does not split into {self.groups} groups")
-        if residual is not None and tuple(residual.shape) != tuple(inputs.shape):
-            raise ValueError(f"{self.name}: the residual's shape {tuple(residual.shape)} is not the input's "
-                             f"{tuple(inputs.shape)}")
         if self.one_pass:
             return self._one_pass(inputs, residual)
         x = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
