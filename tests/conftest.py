@@ -53,7 +53,7 @@ from tests import warm  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # The modules whose tests take longest (process start-up and tracing in child processes), run first:
-# `make test` hands whole modules to 2 workers (pytest-xdist, --dist loadfile), and a long module
+# `make test` hands whole modules to 3 workers (pytest-xdist, --dist loadfile), and a long module
 # handed out last would run alone at the end.
 SLOW_MODULES = ("test_distribute.py", "test_methods.py", "test_resilience.py", "test_bench.py",
                 "test_safety.py", "test_streaming.py", "test_collapse.py", "test_export.py", "test_hostile.py",
