@@ -42,7 +42,9 @@ def test_quick_bench_prints_the_table_and_writes_every_section(tmp_path):
                     cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert seconds < 60, f"--quick took {seconds:.0f} s"
+    # Alone on 2 cores it takes ~17 s; in the suite it shares them with the other workers' tests (25-31 s on
+    # three workers, once 86 s on four).
+    assert seconds < 90, f"--quick took {seconds:.0f} s"
     text = proc.stdout
     assert "images/s" in text and "model step only" in text and "(d) objective" in text
     assert f"wrote {out}" in text
