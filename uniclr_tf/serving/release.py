@@ -168,11 +168,12 @@ def portable_backbone(encoder):
 
     from uniclr_tf.nets.norm import GroupBatchNormalization
 
-    replaced = sum(_needs_plain_bn(layer) or _needs_plain_pool(layer) for layer in _layers(encoder))
+    old = _layer_paths(encoder)
+    replaced = sum(_needs_plain_bn(layer) or _needs_plain_pool(layer) for layer in old.values())
     if not replaced:
         return encoder, 0
-    relus = {layer.name for layer in _layers(encoder) if getattr(layer, "relu", False) is True}
-    grouped = {layer.name for layer in _layers(encoder) if isinstance(layer, GroupBatchNormalization)}
+    relus = {layer.name for layer in old.values() if getattr(layer, "relu", False) is True}
+    grouped = {layer.name for layer in old.values() if isinstance(layer, GroupBatchNormalization)}
 
     def plain(layer):
         config = layer.get_config()
@@ -194,7 +195,6 @@ def portable_backbone(encoder):
 
     backbone = keras.models.clone_model(encoder, clone_function=plain, call_function=call, recursive=True)
     added = {f"{name}_{suffix}" for name in grouped for suffix in ("add", "relu")}
-    old = _layer_paths(encoder)
     new = {path: layer for path, layer in _layer_paths(backbone).items() if layer.name not in added}
     if sorted(old) != sorted(new):
         raise RuntimeError(f"the portable copy of the encoder has other layers than {ENCODER_FILE}")
