@@ -113,6 +113,9 @@ def define_flags():
     flags.DEFINE_string("hlo_out", "", "JAX: write section a's compiled step as XLA's optimised HLO text to this file "
                         "(its fusions' operand and result shapes: `python -m benchmarks.report roofline TRACE HLO`).")
     flags.DEFINE_string("coordinator_address", "", "With --num_processes > 1: process 0's HOST:PORT.")
+    from uniclr_tf.config.train_config import STATE_LAYOUTS
+    flags.DEFINE_enum("state_layout", "auto", list(STATE_LAYOUTS),
+                      "JAX: the state's layouts between steps, as train's --state_layout (its default too).")
     flags.DEFINE_enum("batch_norm", "global_one_pass", ["global", "global_one_pass", "per_device"],
                       "The model's batch norm, as train's --batch_norm (its default too): the global batch's "
                       "statistics from one pass or two, or per device with --devices > 1.")
@@ -329,6 +332,9 @@ class JaxStepper:
             [v.value for v in model.metrics_variables],
         )
         self.jitted = jax.jit(model.train_step, donate_argnums=0)
+        from uniclr_tf.training.steps.jax_step import LaidOutStep, lays_out_state
+        # As Keras' fit with train's --state_layout (training.steps.jax_step): the state in XLA's layouts
+        self.laid_out = LaidOutStep(model.train_step) if lays_out_state(FLAGS.state_layout) else None
         self.compiled = {}
         self.memory = {}
         self.flops = {}
@@ -339,8 +345,12 @@ class JaxStepper:
 
     def compile(self, name, data):
         t = time.perf_counter()
-        lowered = self.jitted.lower(self.state, data)
-        compiled = lowered.compile()
+        if self.laid_out is not None:
+            lowered, (compiled, _) = None, self.laid_out.compiled(self.state, data)[1]
+            print(f"the state in XLA's layouts ({self.laid_out.compiles} compiles so far)", flush=True)
+        else:
+            lowered = self.jitted.lower(self.state, data)
+            compiled = lowered.compile()
         seconds = time.perf_counter() - t
         self.compiled[self._key(data)] = compiled
         if FLAGS.hlo_out and name == "views" and (FLAGS.num_processes == 1 or FLAGS.process_id == 0):
@@ -357,7 +367,7 @@ class JaxStepper:
         # step when it has one: the whole (unpartitioned) computation, where the compiled step's count is
         # per device. On GPUs both leave out the convolutions handed to cuDNN (ResNet-50 at 224 px: 0.9 of
         # 46.4 GFLOP an image), hence the model's own count (training_model_flops) for the MFU.
-        for source in (lowered, compiled):
+        for source in filter(None, (lowered, compiled)):
             try:
                 cost = source.cost_analysis()
                 cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -368,8 +378,11 @@ class JaxStepper:
         return seconds
 
     def __call__(self, data):
-        fn = self.compiled.get(self._key(data), self.jitted)
-        logs, self.state = fn(self.state, data)
+        if self.laid_out is not None:
+            logs, self.state = self.laid_out(self.state, data)
+        else:
+            fn = self.compiled.get(self._key(data), self.jitted)
+            logs, self.state = fn(self.state, data)
         self.logs = logs
 
     def sync(self):
@@ -763,6 +776,7 @@ def run_bench():
 
     distribution = _data_parallel(backend, sections, batch)
     result["config"]["batch_norm"] = FLAGS.batch_norm
+    result["config"]["state_layout"] = FLAGS.state_layout
     if distribution is not None:
         result["config"]["devices"] = FLAGS.devices
         result["config"]["processes"] = FLAGS.num_processes

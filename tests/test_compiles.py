@@ -99,3 +99,82 @@ def test_the_fit_compiles_whole_programs_only(compiles):
     unexpected = sorted(set(in_fit) - ALLOWED_IN_FIT)
     assert not unexpected, f"op-by-op or unexpected compiles during fit: {unexpected} (all: {in_fit})"
     assert sorted(in_fit) == sorted(set(in_fit)), in_fit  # each once
+
+
+STATE_LAYOUTS = r"""
+import json
+import numpy as np
+import jax
+import keras
+from jax.experimental.layout import Format, Layout
+from uniclr_tf import methods
+from uniclr_tf.nets import encoders, heads
+from uniclr_tf.nets.model import UniCLR
+from uniclr_tf.training.steps import jax_step
+
+def model(layout):
+    keras.utils.set_random_seed(1)
+    method = methods.create("byol")  # an EMA target and a predictor: every kind of state
+    m = UniCLR(encoders.build_encoder("tiny", (16, 16, 1), width=4), method.build_projector(16, (32, 8)),
+               heads.predictor(8, 16), method=method, ema_total_steps=8)
+    m.state_layout = layout
+    m.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9))
+    return m
+
+rng = np.random.default_rng(0)
+v1 = rng.normal(size=(32, 16, 16, 1)).astype("float32")
+VIEWS = (v1, (v1 + 0.3 * rng.normal(size=v1.shape)).astype("float32"))
+out = {"auto_on_cpu": jax_step.lays_out_state("auto")}
+runs = {}
+for layout in ("default", "xla"):
+    m = model(layout)
+    loss = m.fit(VIEWS, batch_size=16, epochs=2, verbose=0, shuffle=False).history["objective_loss"]
+    runs[layout] = (loss, [np.asarray(w) for w in m.get_weights()])
+out["losses"] = [runs[k][0] for k in runs]
+out["fit_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(runs["default"][1], runs["xla"][1]))
+
+# A state in other layouts (each kernel's axes reversed) is moved into the executable's, then kept there.
+m = model("xla")
+m.optimizer.build(m.trainable_variables)
+state = tuple([v.value for v in vs] for vs in (m.trainable_variables, m.non_trainable_variables,
+                                                m.optimizer.variables, m.metrics_variables))
+def reversed_layout(x):
+    if x.ndim < 2:
+        return x
+    return jax.device_put(x, Format(Layout(major_to_minor=tuple(reversed(range(x.ndim)))), x.sharding))
+odd = jax.tree_util.tree_map(reversed_layout, state)
+out["odd_layouts"] = sum(a.format.layout != b.format.layout for a, b in zip(jax.tree_util.tree_leaves(odd),
+                                                                         jax.tree_util.tree_leaves(state)))
+step = jax_step.LaidOutStep(m.train_step)
+plain = jax.jit(m.train_step)
+data = tuple(keras.ops.convert_to_tensor(v[:16]) for v in VIEWS)
+logs_a, new_a = step(odd, data)
+logs_b, new_b = plain(state, data)
+_, formats = step.executables[next(iter(step.executables))]
+out["kept_layouts"] = all(a.format.layout == f.layout for a, f in zip(jax.tree_util.tree_leaves(new_a),
+                                                                        jax.tree_util.tree_leaves(formats)))
+out["step_diff"] = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                       for a, b in zip(jax.tree_util.tree_leaves(new_a), jax.tree_util.tree_leaves(new_b)))
+again = step(new_a, data)
+out["compiles"] = step.compiles
+out["loss_diff"] = abs(float(logs_a["loss"]) - float(logs_b["loss"]))
+try:
+    jax_step.lays_out_state("sideways")
+except ValueError as e:
+    out["bad"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_the_state_in_xla_layouts_trains_as_in_keras_layouts(run_python):
+    """--state_layout=xla (jax_step.LaidOutStep): fit gives the weights of Keras' own step; a state handed in
+    other layouts (every kernel's axes reversed) is moved into the executable's and kept there from step to
+    step, with the same update; one compile for one shape of data. (On the CPU XLA keeps row-major layouts,
+    so auto leaves Keras' step in place; on a GPU it keeps convolution kernels as cuDNN reads them.)"""
+    out = run_python(STATE_LAYOUTS, backend="jax")
+    assert out["auto_on_cpu"] is False
+    assert out["losses"][0] == out["losses"][1] and out["fit_diff"] == 0.0, out
+    assert out["odd_layouts"] >= 4 and out["kept_layouts"], out
+    assert out["step_diff"] < 1e-6 and out["loss_diff"] < 1e-6, out
+    assert out["compiles"] == 1, out
+    assert "state_layout" in out["bad"] and "sideways" in out["bad"]

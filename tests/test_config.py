@@ -172,8 +172,10 @@ def test_a_flat_config_json_and_flags_txt_written_before_still_load_and_resume(t
     assert "--momentum=0.9\n" in FLAT_FLAGS_TXT
     assert old.to_flagfile() == FLAT_FLAGS_TXT.replace("--momentum=0.9\n", "--momentum=0.9\n--lars_eta=0.001\n"
                                                        "--nolars_clip_lr\n").replace(
-        "--predictor_hidden=512\n", "--predictor_hidden=512\n--view_batch_norm=joint\n")
-    added = {"check_duplicates": True, "lars_eta": 0.001, "lars_clip_lr": False, "view_batch_norm": "joint"}
+        "--predictor_hidden=512\n", "--predictor_hidden=512\n--view_batch_norm=joint\n").replace(
+        "--steps_per_execution=1\n", "--steps_per_execution=1\n--state_layout=auto\n")
+    added = {"check_duplicates": True, "lars_eta": 0.001, "lars_clip_lr": False, "view_batch_norm": "joint",
+             "state_layout": "auto"}
     assert {k: v for k, v in json.loads(old.to_json()).items()} == {
         **{k: v for k, v in FLAT_CONFIG_JSON.items() if k != "views"}, **added}
     replayed = train.config_from_flags(_flag_values(f"--flagfile={run_dir / 'flags.txt'}",

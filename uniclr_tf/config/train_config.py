@@ -39,6 +39,7 @@ PRECISIONS = ("float32", "bfloat16", "float16")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "data_parallel")
 AUGMENT_ON = ("host", "device")
 BATCH_NORMS = ("global", "per_device", "global_one_pass")
+STATE_LAYOUTS = ("auto", "xla", "default")  # the state's memory layouts between JAX train steps
 VIEW_BATCH_NORMS = ("joint", "per_view")  # how batch norm sees the views (UniCLR(view_batch_norm=))
 ON_COLLAPSE = ("stop", "warn")
 
@@ -290,6 +291,11 @@ class SystemConfig(_Section):
                                        "epoch; TF: one in-graph loop; JAX: Keras loops over the compiled step in "
                                        "Python). Callbacks, the progress bar and signal checks then see every K-th "
                                        "step.")
+    state_layout: str = flag("auto", "JAX: the memory layouts of the weights and the optimizer's state between "
+                                     "train steps: xla (XLA's choice: on a GPU each convolution kernel as cuDNN "
+                                     "reads it, not transposed in every step), default (Keras' row-major) or auto "
+                                     "(xla on one GPU, else default). The same maths either way.",
+                             choices=STATE_LAYOUTS)
     seed: int = flag(0, "Random seed.")
     run_name: str = flag("", "Run folder name inside --run_dir (empty: <method>-<dataset>, so rerunning the same "
                              "command resumes it); a plain name: no '/', '..', absolute path or symbolic link.")
@@ -301,6 +307,7 @@ class SystemConfig(_Section):
         check(self.augment_on in AUGMENT_ON, "augment_on", f"one of {AUGMENT_ON}")
         check(self.batch_norm in BATCH_NORMS, "batch_norm", f"one of {BATCH_NORMS}")
         check(self.steps_per_execution >= 1, "steps_per_execution", "an integer >= 1")
+        check(self.state_layout in STATE_LAYOUTS, "state_layout", f"one of {STATE_LAYOUTS}")
         check(self.strategy != "tpu" or bool(self.tpu), "tpu", "a TPU name or address with --strategy=tpu")
 
 

@@ -582,6 +582,7 @@ def _build_training_model(ctx):
         # JAX must jit ("auto"): with jit_compile=False Keras-on-JAX runs the step eagerly (~70x
         # slower on a GPU). TF runs a tf.function graph unless --jit_compile asks for XLA.
         jit = True if cfg.system.jit_compile else ("auto" if keras.backend.backend() == "jax" else False)
+        model.state_layout = cfg.system.state_layout  # read on JAX (training.steps.jax_step)
         model.compile(optimizer=build_optimizer(cfg, ctx.steps_per_epoch, method=ctx.method), jit_compile=jit,
                       steps_per_execution=cfg.system.steps_per_execution)
         # The optimizer's variables now, with the model's (as a resume does), not inside fit: on JAX
