@@ -347,7 +347,7 @@ class JaxStepper:
         t = time.perf_counter()
         if self.laid_out is not None:
             lowered, (compiled, _) = None, self.laid_out.compiled(self.state, data)[1]
-            print(f"the state in XLA's layouts ({self.laid_out.compiles} compiles so far)", flush=True)
+            print(f"the state in XLA's layouts (XLA compiles of the step so far: {self.laid_out.compiles})", flush=True)
         else:
             lowered = self.jitted.lower(self.state, data)
             compiled = lowered.compile()
