@@ -26,9 +26,9 @@ if XLA_TEST_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAGS}".strip()
 
 # TensorFlow's oneDNN kernels (its default on x86) set up a primitive for each new shape and thread
-# pool, which on these tiny models costs more than it computes: the two-replica parity of three methods
-# 14.0 s of CPU against 15.5 without them. Off for the tests (TensorFlow reads it at import), this
-# process and every child; `make demo` and users' runs keep TensorFlow's default.
+# pool, which on these tiny models costs more than it computes: the suite took 20.4-21.3 min of CPU on
+# the 2-core machine without them against 25.5 with them. Off for the tests (TensorFlow reads it at
+# import), this process and every child; `make demo` and users' runs keep TensorFlow's default.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 # JAX's persistent compilation cache, in one folder for the whole test session (made by the first
